@@ -1,0 +1,1 @@
+"""The submitting side of InferenceBackend: job contract, decision tree, registry, client."""

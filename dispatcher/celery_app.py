@@ -1,0 +1,71 @@
+"""The one Celery app and its queue topology.
+
+JSON only (never pickle); acks late and rejected-on-worker-lost, so a job whose worker
+dies goes back to the queue; one queue per backend (``ib.<backend>``) from the start.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+from kombu import Queue
+
+from dispatcher import settings
+from dispatcher.decision import queue_for
+from dispatcher.jobs import BACKENDS
+
+GENERATE_TASK = "ib.generate"
+
+
+class BrokerNotConfigured(RuntimeError):
+    pass
+
+
+def create_app(broker_url: str) -> Celery:
+    cfg = settings.fleet_config()
+    cel = cfg["celery"]
+    steps = sorted(set(cfg["priorities"].values()))
+    app = Celery("inference_backend", broker=broker_url, backend=broker_url)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        task_track_started=True,
+        task_time_limit=int(cel["job_time_limit_s"]) + 60,
+        task_soft_time_limit=int(cel["job_time_limit_s"]),
+        result_expires=int(cel["result_expires_s"]),
+        worker_prefetch_multiplier=int(cel["prefetch_multiplier"]),
+        worker_hijack_root_logger=False,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": int(cel["visibility_timeout_s"]),
+            "queue_order_strategy": "priority",
+            "priority_steps": steps,
+            "sep": ":",
+        },
+        result_backend_transport_options={"visibility_timeout": int(cel["visibility_timeout_s"])},
+        task_queues=[Queue(queue_for(b), routing_key=queue_for(b)) for b in BACKENDS],
+        task_default_queue=queue_for("pytorch"),
+        task_create_missing_queues=True,
+        timezone="UTC",
+    )
+    return app
+
+
+@lru_cache(maxsize=None)
+def app_for(broker_url: str) -> Celery:
+    return create_app(broker_url)
+
+
+def get_app(broker_url: str | None = None) -> Celery:
+    url = broker_url or settings.redis_url()
+    if not url:
+        raise BrokerNotConfigured("no broker configured: set REDIS_URL (e.g. redis://127.0.0.1:6379/0) or use `ib up`")
+    return app_for(url)

@@ -1,0 +1,177 @@
+"""Python client: submit jobs to the fleet, wait for results, cancel.
+
+    from dispatcher.client import Client
+    client = Client()                      # REDIS_URL from the environment
+    handle = client.submit(model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}])
+    print(handle.backend, handle.result(timeout=60).text)
+
+Validation, the registry look-up and the decision tree all run here, before anything is
+enqueued: a bad job raises a typed JobError and nothing reaches the queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import redis
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from celery.result import AsyncResult
+
+from dispatcher import settings
+from dispatcher.celery_app import GENERATE_TASK, BrokerNotConfigured, get_app
+from dispatcher.decision import BackendSpec, DecisionPolicy, Selection, decide
+from dispatcher.fleet import FleetView, read_fleet
+from dispatcher.jobs import (
+    BACKENDS,
+    GenerationJob,
+    JobError,
+    JobResult,
+    JobTimeoutError,
+    PathStep,
+    UnknownBackendError,
+    parse_job,
+)
+from dispatcher.jobstore import JobStore
+from dispatcher.registry import ModelRegistry
+
+
+class JobHandle:
+    """What submit returns: where the job went and why, and how to get its result."""
+
+    def __init__(self, client: "Client", job_id: str, selection: Selection | None) -> None:
+        self.client = client
+        self.id = job_id
+        self.selection = selection
+
+    @property
+    def backend(self) -> str | None:
+        return self.selection.backend if self.selection else None
+
+    @property
+    def path(self) -> list[PathStep]:
+        return self.selection.path if self.selection else []
+
+    def result(self, timeout: float | None = None) -> JobResult:
+        return self.client.result(self.id, timeout=timeout)
+
+    def status(self) -> str:
+        return self.client.status(self.id)
+
+    def cancel(self) -> None:
+        self.client.cancel(self.id)
+
+    def __repr__(self) -> str:
+        return f"JobHandle(id={self.id!r}, backend={self.backend!r})"
+
+
+class Client:
+    def __init__(self, redis_url: str | None = None, registry: ModelRegistry | None = None) -> None:
+        url = redis_url or settings.redis_url()
+        if not url:
+            raise BrokerNotConfigured("no broker configured: pass redis_url or set REDIS_URL")
+        self.redis = redis.Redis.from_url(url)
+        self.app = get_app(url)
+        self.registry = registry or ModelRegistry.from_config()
+        cfg = settings.fleet_config()
+        self.policy = DecisionPolicy(**cfg["decision"])
+        self.backends = {n: BackendSpec(**s) for n, s in settings.load_yaml("backends.yaml")["backends"].items()}
+        self.priorities: dict[str, int] = cfg["priorities"]
+        self.store = JobStore(self.redis, ttl_s=int(cfg["celery"]["result_expires_s"]))
+
+    # ------------------------------------------------------------- deciding
+
+    def workers(self) -> FleetView:
+        return read_fleet(self.redis)
+
+    def explain(self, job: GenerationJob | dict[str, Any] | None = None, **fields: Any) -> Selection:
+        """The decision for a job, without running it."""
+        return self._decide(self._parse(job, fields), self.workers())
+
+    def _parse(self, job: GenerationJob | dict[str, Any] | None, fields: dict[str, Any]) -> GenerationJob:
+        raw = job if job is not None else fields
+        backend = raw.get("backend") if isinstance(raw, dict) else None
+        if isinstance(backend, str) and backend not in BACKENDS:
+            raise UnknownBackendError(
+                f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}", {"known": list(BACKENDS)}
+            )
+        return parse_job(raw)
+
+    def _decide(self, job: GenerationJob, fleet: FleetView) -> Selection:
+        return decide(job, self.registry.get(job.model), fleet, self.policy, self.backends)
+
+    # ------------------------------------------------------------- submitting
+
+    def submit(self, job: GenerationJob | dict[str, Any] | None = None, **fields: Any) -> JobHandle:
+        return self.submit_many([self._parse(job, fields)])[0]
+
+    def submit_many(self, jobs: Iterable[GenerationJob | dict[str, Any]]) -> list[JobHandle]:
+        """Validate and decide every job first (one fleet read); enqueue only if all pass."""
+        parsed = [self._parse(j, {}) for j in jobs]
+        fleet = self.workers()
+        selections = [self._decide(j, fleet) for j in parsed]
+        fresh = self.store.claim_ids([j.id for j in parsed])
+        pipe = self.redis.pipeline(transaction=False)
+        for job, sel, new in zip(parsed, selections, fresh):
+            if new:
+                self.store.record_submitted(
+                    pipe, job.id, {"model": job.model, "backend": sel.backend, "queue": sel.queue, "submitted_at": job.submitted_at}
+                )
+        pipe.execute()
+        for job, sel, new in zip(parsed, selections, fresh):
+            if new:
+                self._enqueue(job, sel)
+        return [JobHandle(self, job.id, sel) for job, sel in zip(parsed, selections)]
+
+    def _enqueue(self, job: GenerationJob, sel: Selection) -> None:
+        # argsrepr is what logs and Flower show: a summary, never the prompt text.
+        summary = f"model={job.model} backend={sel.backend} max_tokens={job.sampling.max_tokens}"
+        if job.batch_id:
+            summary += f" batch={job.batch_id} custom_id={job.custom_id}"
+        self.app.send_task(
+            GENERATE_TASK,
+            args=[job.model_dump(mode="json"), sel.model_dump(mode="json")],
+            task_id=job.id,
+            queue=sel.queue,
+            priority=self.priorities[job.priority.value],
+            argsrepr=summary,
+            kwargsrepr="{}",
+        )
+
+    # ------------------------------------------------------------- results
+
+    def result(self, job_id: str, timeout: float | None = None) -> JobResult:
+        """Wait for the job; raises its typed JobError if it failed, JobTimeoutError if slow."""
+        final = self.store.final(job_id)
+        if final is None:
+            try:
+                AsyncResult(job_id, app=self.app).get(timeout=timeout, propagate=False, disable_sync_subtasks=False)
+            except CeleryTimeoutError:
+                raise JobTimeoutError(f"job {job_id} not finished after {timeout} s", {"job_id": job_id}) from None
+            final = self.store.final(job_id)
+        if final is None:
+            raise JobError(f"job {job_id} ended without a recorded outcome", {"job_id": job_id})
+        status, payload = final
+        if status == "failed":
+            raise JobError.from_dict(payload)
+        return JobResult.model_validate(payload)
+
+    def status(self, job_id: str) -> str:
+        """queued | running | completed | failed | cancelled | unknown"""
+        return self.store.get(job_id).get("status", "unknown")
+
+    def record(self, job_id: str) -> dict[str, str]:
+        return self.store.get(job_id)
+
+    def cancel(self, job_id: str) -> None:
+        """Cooperative: the engine sees the flag between decoding steps and ends the job
+        with status cancelled and the tokens so far; a job still queued ends at pickup."""
+        self.store.request_cancel(job_id)
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

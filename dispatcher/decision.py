@@ -1,0 +1,213 @@
+"""The seed's backend decision tree, as a pure function that says which way it went.
+
+    GPU available?  no  → latency target < 100 ms?          yes → ONNX Runtime, no → llama.cpp
+                    yes → throughput target > 1000 tok/s?   yes → vLLM
+                          no → Hugging Face native model?   yes → TGI, no → PyTorch eager
+
+Hard constraints wrap the tree: a backend must be able to run one of the model's formats
+(artifact or derivable), and it should have a live worker for the model (policy
+``queue`` | ``fallback`` | ``reject``). Every question and constraint becomes a PathStep,
+so ``ib explain`` and each JobResult can show why a job went where it went.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from dispatcher.fleet import FleetView
+from dispatcher.jobs import (
+    BACKENDS,
+    GenerationJob,
+    NoLiveWorkerError,
+    PathStep,
+    UnsupportedByBackendError,
+)
+from dispatcher.registry import ModelSpec
+
+QUEUE_PREFIX = "ib."
+
+
+def queue_for(backend: str) -> str:
+    return f"{QUEUE_PREFIX}{backend}"
+
+
+class DecisionPolicy(BaseModel):
+    latency_threshold_ms: float = 100
+    throughput_threshold_tok_s: float = 1000
+    default_latency_target_ms: float = 1000
+    default_throughput_target_tok_s: float = 0
+    no_worker_policy: Literal["queue", "fallback", "reject"] = "fallback"
+    fallback_order: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class BackendSpec(BaseModel):
+    """A backend's entry in config/backends.yaml: what it runs, and its engine defaults."""
+
+    model_config = {"extra": "allow"}
+    display_name: str
+    formats: list[str]
+    gpu: Literal["required", "optional", "no"] = "optional"
+
+    def engine_config(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Selection(BaseModel):
+    backend: str
+    queue: str
+    model: str
+    format: str
+    config: dict[str, Any]
+    path: list[PathStep]
+    tree_choice: str
+
+    def render_path(self) -> str:
+        return " → ".join(step.render() for step in self.path)
+
+
+def tree(job: GenerationJob, model: ModelSpec, fleet: FleetView, policy: DecisionPolicy) -> tuple[str, list[PathStep]]:
+    """The seed's tree exactly as drawn: returns the leaf and the questions asked."""
+    path: list[PathStep] = []
+    if job.hardware is not None:
+        gpu = job.hardware == "gpu"
+        path.append(PathStep(check="GPU available?", answer="yes" if gpu else "no", detail=f"job hint: {job.hardware}"))
+    else:
+        gpu_workers = fleet.live(model=model.name, gpu=True)
+        gpu = bool(gpu_workers)
+        detail = f"{len(gpu_workers)} live GPU worker(s) serve {model.name}" if gpu else f"no live GPU worker serves {model.name}"
+        path.append(PathStep(check="GPU available?", answer="yes" if gpu else "no", detail=detail))
+
+    if not gpu:
+        target = job.slo.latency_target_ms
+        source = "job SLO" if target is not None else "fleet default"
+        target = target if target is not None else policy.default_latency_target_ms
+        fast = target < policy.latency_threshold_ms
+        path.append(
+            PathStep(
+                check=f"latency target < {policy.latency_threshold_ms:g} ms?",
+                answer="yes" if fast else "no",
+                detail=f"{target:g} ms, {source}",
+            )
+        )
+        return ("onnx" if fast else "llamacpp"), path
+
+    target = job.slo.throughput_target_tok_s
+    source = "job SLO" if target is not None else "fleet default"
+    target = target if target is not None else policy.default_throughput_target_tok_s
+    high = target > policy.throughput_threshold_tok_s
+    path.append(
+        PathStep(
+            check=f"throughput target > {policy.throughput_threshold_tok_s:g} tok/s?",
+            answer="yes" if high else "no",
+            detail=f"{target:g} tok/s, {source}",
+        )
+    )
+    if high:
+        return "vllm", path
+    path.append(
+        PathStep(
+            check="Hugging Face native model?",
+            answer="yes" if model.hf_native else "no",
+            detail=f"{model.name}: family {model.family}",
+        )
+    )
+    return ("tgi" if model.hf_native else "pytorch"), path
+
+
+def decide(
+    job: GenerationJob,
+    model: ModelSpec,
+    fleet: FleetView,
+    policy: DecisionPolicy,
+    backends: dict[str, BackendSpec],
+) -> Selection:
+    """Pick the backend, queue and engine config for one job. Pure: no I/O."""
+    formats = model.formats()
+    runnable = {b: f for b in BACKENDS for f in backends[b].formats if f in formats}
+    path = [
+        PathStep(
+            check="formats",
+            answer=", ".join(f"{f} ({how})" for f, how in formats.items()),
+            detail="runnable on " + ", ".join(runnable) if runnable else "no backend can run them",
+        )
+    ]
+
+    if job.backend is not None:
+        if job.backend not in runnable:
+            needs = " or ".join(backends[job.backend].formats)
+            raise UnsupportedByBackendError(
+                f"backend {job.backend} needs a {needs} artifact; {model.name} has {', '.join(formats) or 'none'}"
+                f" (backends that can run it: {', '.join(runnable) or 'none'})",
+                {"backend": job.backend, "formats": list(formats), "runnable": list(runnable)},
+            )
+        choice = tree_choice = job.backend
+        path.append(PathStep(check="backend override", answer=choice, detail="the job named its backend; tree skipped"))
+    else:
+        tree_choice, steps = tree(job, model, fleet, policy)
+        path += steps
+        path.append(PathStep(check="tree", answer=tree_choice))
+        choice = tree_choice
+        if choice not in runnable:
+            alternatives = [b for b in policy.fallback_order.get(choice, []) if b in runnable]
+            if not alternatives:
+                raise UnsupportedByBackendError(
+                    f"{model.name} cannot run on {tree_choice} and no fallback can run its formats",
+                    {"backend": tree_choice, "formats": list(formats)},
+                )
+            choice = alternatives[0]
+            path.append(
+                PathStep(
+                    check="format constraint",
+                    answer=choice,
+                    detail=f"{tree_choice} needs {' or '.join(backends[tree_choice].formats)}, which {model.name} lacks",
+                )
+            )
+
+    choice = _apply_liveness(job, model, fleet, policy, runnable, choice, path)
+    config = {**backends[choice].engine_config(), "max_model_len": model.context_length}
+    return Selection(
+        backend=choice,
+        queue=queue_for(choice),
+        model=model.name,
+        format=runnable[choice],
+        config=config,
+        path=path,
+        tree_choice=tree_choice,
+    )
+
+
+def _apply_liveness(
+    job: GenerationJob,
+    model: ModelSpec,
+    fleet: FleetView,
+    policy: DecisionPolicy,
+    runnable: dict[str, str],
+    choice: str,
+    path: list[PathStep],
+) -> str:
+    live = fleet.live(backend=choice, model=model.name)
+    if live:
+        path.append(PathStep(check="live workers", answer=str(len(live)), detail=f"{choice} serving {model.name}"))
+        return choice
+    rule = policy.no_worker_policy
+    if rule == "reject":
+        serving = sorted({w.backend for w in fleet.live(model=model.name)})
+        raise NoLiveWorkerError(
+            f"no live {choice} worker serves {model.name} (live backends for it: {', '.join(serving) or 'none'})",
+            {"backend": choice, "live_backends": serving},
+        )
+    if rule == "fallback" and job.backend is None:
+        for alt in policy.fallback_order.get(choice, []):
+            if alt in runnable and fleet.live(backend=alt, model=model.name):
+                path.append(
+                    PathStep(check="live workers", answer=f"fallback {alt}", detail=f"no live {choice} worker for {model.name}")
+                )
+                return alt
+        path.append(
+            PathStep(check="live workers", answer="none", detail=f"no live worker can serve {model.name}; queued for {choice}")
+        )
+        return choice
+    path.append(PathStep(check="live workers", answer="none", detail=f"policy {rule}: queued until a {choice} worker starts"))
+    return choice

@@ -1,0 +1,73 @@
+"""`ib demo`: the whole path on this machine, started and stopped in one command."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from rich.console import Console
+
+from dispatcher import settings
+from dispatcher.broker import EmbeddedBroker
+from dispatcher.localfleet import WorkerProcess
+
+console = Console()
+
+DEMO_PROMPTS = [
+    "What is the capital of France?",
+    "Give me three tips for writing clear code.",
+    "Explain what a job queue is in one sentence.",
+    "Write a haiku about the sea.",
+    "What is 12 times 12?",
+    "Name the planets of the solar system.",
+    "What does a GPU do?",
+    "Translate 'good morning' into Spanish.",
+]
+
+
+def run_demo(n_prompts: int = 5, max_tokens: int = 48) -> int:
+    from dispatcher.cli import print_results
+    from dispatcher.client import Client
+    from dispatcher.registry import ModelRegistry
+    from workers.model_prep import prepare
+
+    logging.basicConfig(level=logging.WARNING)
+    broker = None
+    url = settings.redis_url() if os.environ.get("REDIS_URL") else None
+    if url is None:
+        broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "demo-broker").start(announce=False)
+        url = broker.url
+        console.print(f"[bold]broker[/]: embedded Valkey {broker.server.port} (append-only, {broker.data_dir})")
+    else:
+        console.print(f"[bold]broker[/]: REDIS_URL {url.split('@')[-1]}")
+    worker = None
+    try:
+        spec = ModelRegistry.from_config().get("smollm2-135m")
+        with console.status("preparing SmolLM2-135M-Instruct (GGUF → HF safetensors, cached after the first run)..."):
+            path = prepare(spec, "hf")
+        console.print(f"[bold]model[/]: {spec.display_name} at {path}")
+        worker = WorkerProcess("pytorch", url).start()
+        with console.status(f"starting PyTorch eager worker {worker.worker_id} (log: {worker.log_path})..."):
+            worker.wait_ready(timeout=300)
+        console.print(f"[bold]worker[/]: {worker.worker_id} ready")
+        prompts = (DEMO_PROMPTS * (1 + n_prompts // len(DEMO_PROMPTS)))[:n_prompts]
+        with Client(url) as client:
+            handles = client.submit_many(
+                {"model": "smollm2-135m", "messages": [{"role": "user", "content": p}], "sampling": {"max_tokens": max_tokens}}
+                for p in prompts
+            )
+            console.print("[bold]decision[/]: " + handles[0].selection.render_path())
+            with console.status(f"{len(handles)} jobs in flight..."):
+                results = [h.result(timeout=600) for h in handles]
+        print_results(results, prompts)
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the demo reports, then cleans up
+        console.print(f"[red]demo failed:[/] {exc}")
+        return 1
+    finally:
+        if worker:
+            worker.stop()
+        if broker:
+            broker.stop()
+        sys.stdout.flush()

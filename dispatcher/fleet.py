@@ -1,0 +1,84 @@
+"""The live fleet, read from worker heartbeats in Redis.
+
+Each worker writes ``ib:worker:<id>`` (JSON, with a TTL) every few seconds and adds its id
+to ``ib:workers``. A worker whose key has expired is dead: the dispatcher stops routing to
+it and a live worker redelivers the jobs it held (see workers.reaper).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import redis
+from pydantic import BaseModel, Field
+
+WORKERS_SET = "ib:workers"
+
+
+def worker_key(worker_id: str) -> str:
+    return f"ib:worker:{worker_id}"
+
+
+def inflight_key(worker_id: str) -> str:
+    """Hash task id → broker delivery tag of every message a worker has reserved."""
+    return f"ib:inflight:{worker_id}"
+
+
+class GPUInfo(BaseModel):
+    index: int
+    name: str
+    memory_total_mb: int
+    memory_used_mb: int | None = None
+
+
+class HardwareInfo(BaseModel):
+    kind: Literal["gpu", "cpu"]
+    gpus: list[GPUInfo] = Field(default_factory=list)
+    cpu_cores: int
+    ram_gb: float
+    cpu_model: str = ""
+
+
+class WorkerInfo(BaseModel):
+    worker_id: str
+    backend: str
+    hostname: str
+    pid: int
+    hardware: HardwareInfo
+    models: list[str]
+    queues: list[str]
+    in_flight: int = 0
+    capacity: int = 1
+    started_at: float
+    last_beat: float = Field(default_factory=time.time)
+    status: Literal["starting", "ready", "draining"] = "ready"
+
+    @property
+    def load(self) -> float:
+        return self.in_flight / max(1, self.capacity)
+
+
+class FleetView(BaseModel):
+    """A snapshot of the live workers; the decision tree reads only this."""
+
+    workers: list[WorkerInfo] = Field(default_factory=list)
+
+    def live(self, backend: str | None = None, model: str | None = None, gpu: bool | None = None) -> list[WorkerInfo]:
+        return [
+            w
+            for w in self.workers
+            if w.status == "ready"
+            and (backend is None or w.backend == backend)
+            and (model is None or model in w.models)
+            and (gpu is None or (w.hardware.kind == "gpu") == gpu)
+        ]
+
+
+def read_fleet(client: redis.Redis) -> FleetView:
+    """All live workers in two round trips (member list, then one MGET)."""
+    ids = sorted(m.decode() if isinstance(m, bytes) else m for m in client.smembers(WORKERS_SET))
+    if not ids:
+        return FleetView()
+    raw = client.mget([worker_key(i) for i in ids])
+    return FleetView(workers=[WorkerInfo.model_validate_json(r) for r in raw if r])

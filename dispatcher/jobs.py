@@ -1,0 +1,259 @@
+"""The job contract shared by the dispatcher and the workers (pydantic v2, JSON only).
+
+A GenerationJob goes in, a JobResult or a typed JobError comes out. Everything here
+round-trips through JSON, because that is the only serializer the fleet accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+BACKENDS: tuple[str, ...] = ("pytorch", "vllm", "tgi", "llamacpp", "onnx")
+Backend = Literal["pytorch", "vllm", "tgi", "llamacpp", "onnx"]
+
+
+class Priority(str, Enum):
+    interactive = "interactive"
+    normal = "normal"
+    batch = "batch"
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class SamplingParams(BaseModel):
+    """OpenAI-style sampling. temperature 0 means greedy."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int = Field(default=128, ge=1, le=32768)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list, max_length=8)
+    seed: int | None = Field(default=None, ge=0)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class SLO(BaseModel):
+    """What the caller needs; None means the fleet default from config/fleet.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+    latency_target_ms: float | None = Field(default=None, gt=0)
+    throughput_target_tok_s: float | None = Field(default=None, ge=0)
+
+
+class GenerationJob(BaseModel):
+    """One text generation request, as submitted by a client."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=128)
+    model: str = Field(min_length=1)
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    slo: SLO = Field(default_factory=SLO)
+    hardware: Literal["gpu", "cpu"] | None = None  # a hint that overrides the live fleet
+    backend: Backend | None = None  # an override that skips the tree
+    priority: Priority = Priority.normal
+    batch_id: str | None = None
+    custom_id: str | None = None
+    submitted_at: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _prompt_xor_messages(self) -> "GenerationJob":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.messages is not None and not self.messages:
+            raise ValueError("'messages' must not be empty")
+        return self
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Timings(BaseModel):
+    """Wall-clock epoch seconds. Queue wait and TTFT are measured from submission."""
+
+    submitted: float
+    started: float
+    first_token: float | None
+    finished: float
+
+    @property
+    def queue_wait_s(self) -> float:
+        return max(0.0, self.started - self.submitted)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.submitted
+
+    @property
+    def decode_s(self) -> float:
+        return self.finished - (self.first_token or self.started)
+
+
+class PathStep(BaseModel):
+    """One step the dispatcher took: a question of the tree or a hard constraint."""
+
+    check: str
+    answer: str
+    detail: str = ""
+
+    def render(self) -> str:
+        return f"{self.check}: {self.answer}" + (f" ({self.detail})" if self.detail else "")
+
+
+FinishReason = Literal["stop", "length", "cancelled"]
+JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
+
+
+class JobResult(BaseModel):
+    id: str
+    status: Literal["completed", "cancelled"]
+    model: str
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    backend: str
+    worker: str
+    path: list[PathStep] = Field(default_factory=list)
+    attempt: int = 1
+    batch_id: str | None = None
+    custom_id: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode rate: tokens after the first over the time since the first."""
+        n = self.usage.completion_tokens
+        return (n - 1) / self.timings.decode_s if n > 1 and self.timings.decode_s > 0 else 0.0
+
+
+# ---------------------------------------------------------------- errors
+
+
+class JobError(Exception):
+    """Base of every typed fleet error. ``args`` are (message, details) so that Celery's
+    JSON exception transport can rebuild the same class on the client."""
+
+    code = "error"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details or {})
+        self.message = message
+        self.details = details or {}
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "type": type(self).__name__, "message": self.message, "details": self.details}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> "JobError":
+        cls = ERROR_TYPES.get(data.get("code", ""), JobError)
+        return cls(data.get("message", ""), data.get("details") or {})
+
+
+class JobValidationError(JobError, ValueError):
+    code = "validation_error"
+
+    @classmethod
+    def from_pydantic(cls, exc: ValidationError) -> "JobValidationError":
+        problems = [
+            {"field": ".".join(str(p) for p in err["loc"]) or "(job)", "message": err["msg"]} for err in exc.errors()
+        ]
+        text = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
+        return cls(f"invalid job: {text}", {"errors": problems})
+
+
+class UnknownModelError(JobError, LookupError):
+    code = "unknown_model"
+
+
+class UnknownBackendError(JobError, LookupError):
+    code = "unknown_backend"
+
+
+class UnsupportedByBackendError(JobError):
+    code = "unsupported_by_backend"
+
+
+class NoLiveWorkerError(JobError):
+    code = "no_live_worker"
+
+
+class ContextOverflowError(JobError):
+    code = "context_overflow"
+
+
+class EngineError(JobError):
+    code = "engine_failure"
+
+
+class JobCancelledError(JobError):
+    code = "cancelled"
+
+
+class JobTimeoutError(JobError, TimeoutError):
+    code = "timeout"
+
+
+ERROR_TYPES: dict[str, type[JobError]] = {
+    cls.code: cls
+    for cls in (
+        JobError,
+        JobValidationError,
+        UnknownModelError,
+        UnknownBackendError,
+        UnsupportedByBackendError,
+        NoLiveWorkerError,
+        ContextOverflowError,
+        EngineError,
+        JobCancelledError,
+        JobTimeoutError,
+    )
+}
+
+
+def parse_job(data: GenerationJob | dict[str, Any]) -> GenerationJob:
+    """Validate a job, turning pydantic's error into the fleet's typed one."""
+    if isinstance(data, GenerationJob):
+        return data
+    try:
+        return GenerationJob.model_validate(data)
+    except ValidationError as exc:
+        raise JobValidationError.from_pydantic(exc) from None

@@ -1,0 +1,90 @@
+"""Run worker processes on this machine: for `ib demo`, the tests and the benchmarks.
+
+Each worker is a real `ib worker` subprocess with its own log file; ``wait_ready`` polls
+the fleet's heartbeats, and a worker that dies during start-up is reported with the tail
+of its log instead of a silent time-out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import redis
+
+from dispatcher import settings
+from dispatcher.fleet import read_fleet
+
+
+class WorkerProcess:
+    def __init__(
+        self,
+        backend: str,
+        redis_url: str,
+        model: str = "smollm2-135m",
+        worker_id: str | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.backend = backend
+        self.redis_url = redis_url
+        self.worker_id = worker_id or f"{backend}-{uuid.uuid4().hex[:8]}"
+        self.args = [
+            sys.executable, "-m", "dispatcher.cli", "worker",
+            f"--backend={backend}", f"--model={model}", f"--worker-id={self.worker_id}",
+            *(extra_args or []),
+        ]  # fmt: skip
+        self.env = {**os.environ, **(env or {}), "REDIS_URL": redis_url}
+        log_dir = log_dir or settings.data_dir() / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{self.worker_id}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "WorkerProcess":
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=settings.REPO_ROOT)
+        return self
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        client = redis.Redis.from_url(self.redis_url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.worker_id} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if any(w.worker_id == self.worker_id for w in read_fleet(client).live()):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"worker {self.worker_id} not ready after {timeout} s:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no warm shutdown, no goodbye heartbeat (a crash, as far as the fleet knows)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM: Celery's warm shutdown finishes running jobs, then the worker leaves."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> "WorkerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

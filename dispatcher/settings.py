@@ -1,0 +1,72 @@
+"""Where things live and how the fleet is tuned: YAML config, data directory, Redis URL.
+
+Config files come from ``IB_CONFIG_DIR`` (default: the repository's ``config/``); single
+values can be overridden from the environment so that containers need no edited files.
+Secrets (Redis password) only ever come from the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import quote
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def config_dir() -> Path:
+    return Path(os.environ.get("IB_CONFIG_DIR") or REPO_ROOT / "config")
+
+
+def data_dir() -> Path:
+    """Prepared models, the embedded broker's files: ``IB_DATA_DIR`` or ~/.local/share."""
+    root = os.environ.get("IB_DATA_DIR") or Path.home() / ".local" / "share" / "inference-backend"
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@lru_cache(maxsize=None)
+def load_yaml(name: str) -> dict[str, Any]:
+    path = config_dir() / name
+    with path.open() as fh:
+        return yaml.safe_load(fh) or {}
+
+
+def fleet_config() -> dict[str, Any]:
+    """fleet.yaml with ``IB_<SECTION>_<KEY>`` environment overrides applied (numbers and words)."""
+    cfg = {section: dict(values) for section, values in load_yaml("fleet.yaml").items()}
+    for section, values in cfg.items():
+        for key, value in values.items():
+            env = os.environ.get(f"IB_{section}_{key}".upper())
+            if env is None or isinstance(value, (dict, list)):
+                continue
+            values[key] = type(value)(env) if isinstance(value, (int, float)) else env
+    return cfg
+
+
+def with_password(url: str) -> str:
+    """Add ``REDIS_PASSWORD`` (secrets come from the environment) to a URL that has none."""
+    password = os.environ.get("REDIS_PASSWORD")
+    scheme, _, rest = url.partition("://")
+    if not password or "@" in rest.split("/", 1)[0]:
+        return url
+    return f"{scheme}://:{quote(password, safe='')}@{rest}"
+
+
+def redis_url() -> str | None:
+    """The broker / result store: ``REDIS_URL``, else an embedded broker started by `ib broker`.
+
+    TLS: use a ``rediss://`` URL (certificate options as query parameters, e.g.
+    ``?ssl_cert_reqs=required``). None means nothing is configured or running.
+    """
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return with_password(url)
+    from dispatcher.broker import announced_url  # late: broker imports this module
+
+    return announced_url()

@@ -1,0 +1,101 @@
+"""Shared fixtures: a real Redis/Valkey, the prepared model, real worker processes.
+
+Broker: ``IB_TEST_REDIS_URL`` if set; else Redis at 127.0.0.1:6379 (database 15, flushed
+at start) when it answers; else an embedded Valkey server started for the session.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Fast failure detection for the tests: a SIGKILLed worker is declared dead after 4 s.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("IB_HEARTBEAT_INTERVAL_S", "1")
+os.environ.setdefault("IB_HEARTBEAT_TTL_S", "4")
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory):
+    from dispatcher.broker import EmbeddedBroker, pings
+
+    url = os.environ.get("IB_TEST_REDIS_URL")
+    if not url and pings("redis://127.0.0.1:6379/15"):
+        url = "redis://127.0.0.1:6379/15"
+    broker = None
+    if not url:
+        broker = EmbeddedBroker(port=None, data_dir=tmp_path_factory.mktemp("valkey")).start(announce=False)
+        url = broker.url
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+    os.environ["REDIS_URL"] = url
+    yield url
+    if broker:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def registry():
+    from dispatcher.registry import ModelRegistry
+
+    return ModelRegistry.from_config()
+
+
+@pytest.fixture(scope="session")
+def hf_dir(registry) -> Path:
+    from workers.model_prep import prepare
+
+    return prepare(registry.get("smollm2-135m"), "hf")
+
+
+@pytest.fixture(scope="session")
+def reference(hf_dir):
+    """transformers called directly, in this process: the ground truth for greedy output."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+    def greedy(messages: list[dict], max_tokens: int) -> list[int]:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens)
+        return out[0, ids.shape[1] :].tolist()
+
+    greedy.tokenizer = tok  # type: ignore[attr-defined]
+    return greedy
+
+
+@pytest.fixture
+def client(redis_url):
+    from dispatcher.client import Client
+
+    with Client(redis_url) as c:
+        yield c
+
+
+def start_worker(redis_url: str, backend: str = "pytorch", **kw):
+    from dispatcher.localfleet import WorkerProcess
+
+    worker = WorkerProcess(backend, redis_url, log_dir=ARTIFACTS / "logs", **kw).start()
+    try:
+        worker.wait_ready(timeout=300)
+    except Exception:
+        worker.kill()
+        raise
+    return worker
+
+
+@pytest.fixture(scope="module")
+def pytorch_worker(redis_url, hf_dir):
+    worker = start_worker(redis_url, "pytorch", extra_args=["--threads=1"])
+    yield worker
+    worker.stop()

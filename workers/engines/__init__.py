@@ -1,0 +1,25 @@
+"""Engines: one interface (base.Engine), one module per backend, imported on demand."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from dispatcher.jobs import BACKENDS, UnknownBackendError
+from workers.engines.base import CancelSource, Engine, never_cancelled
+from dispatcher.registry import ModelSpec
+
+ENGINE_CLASSES = {"pytorch": "workers.engines.pytorch:PyTorchEngine"}
+
+
+def create_engine(
+    backend: str, model: ModelSpec, config: dict[str, Any], threads: int, cancel_source: CancelSource = never_cancelled
+) -> Engine:
+    if backend not in BACKENDS:
+        raise UnknownBackendError(f"unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")
+    if backend not in ENGINE_CLASSES:
+        raise NotImplementedError(
+            f"no {backend} engine in this build yet (available: {', '.join(ENGINE_CLASSES)})"
+        )
+    module, _, cls = ENGINE_CLASSES[backend].partition(":")
+    return getattr(importlib.import_module(module), cls)(model, config, threads, cancel_source)

@@ -1,0 +1,144 @@
+"""The one engine interface every backend implements.
+
+A worker process holds one Engine, loaded once at start. Celery task threads call
+``generate(job)``; the engine's own scheduler (static / dynamic / continuous batching)
+decides how jobs share the hardware. Cancellation is cooperative: the engine asks
+``cancel_source`` between decoding steps which of its running jobs were cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dispatcher.jobs import ContextOverflowError, EngineError, GenerationJob, SamplingParams
+from dispatcher.registry import ModelSpec
+
+log = logging.getLogger(__name__)
+
+CancelSource = Callable[[list[str]], set[str]]
+
+
+def never_cancelled(job_ids: list[str]) -> set[str]:
+    return set()
+
+
+@dataclass
+class EngineOutput:
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # stop | length | cancelled
+    prompt_tokens: int
+    first_token_at: float | None
+    finished_at: float
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """A job inside an engine: its prompt ids and where to deliver the output."""
+
+    job_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: Future = field(default_factory=Future)
+    tokens: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+    finish_reason: str | None = None
+
+
+class Engine(ABC):
+    backend: str = ""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        config: dict[str, Any],
+        threads: int,
+        cancel_source: CancelSource = never_cancelled,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.threads = threads
+        self.cancel_source = cancel_source
+        self.max_model_len = int(config.get("max_model_len") or model.context_length)
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------- lifecycle
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load weights and start the scheduler. Called once per worker process."""
+
+    def close(self) -> None:
+        """Stop the scheduler and free the model."""
+
+    @property
+    def capacity(self) -> int:
+        """How many jobs the engine wants in flight at once (the worker's concurrency)."""
+        return 1
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.backend, "model": self.model.name, "max_model_len": self.max_model_len}
+
+    # ---------------------------------------------------------- requests
+
+    @abstractmethod
+    def encode(self, job: GenerationJob) -> list[int]:
+        """The job's prompt (chat template applied to messages) as token ids."""
+
+    @abstractmethod
+    def submit(self, request: EngineRequest) -> None:
+        """Hand a request to the scheduler; it completes ``request.future``."""
+
+    def check_context(self, job: GenerationJob, prompt_ids: list[int]) -> None:
+        need = len(prompt_ids) + job.sampling.max_tokens
+        if need > self.max_model_len:
+            raise ContextOverflowError(
+                f"this model's context window is {self.max_model_len} tokens; the job needs {need}"
+                f" ({len(prompt_ids)} in the prompt + max_tokens {job.sampling.max_tokens})",
+                {"context_length": self.max_model_len, "prompt_tokens": len(prompt_ids), "max_tokens": job.sampling.max_tokens},
+            )
+
+    def generate(self, job: GenerationJob, timeout: float | None = None) -> EngineOutput:
+        """Run one job to completion (blocking the calling task thread)."""
+        prompt_ids = self.encode(job)
+        self.check_context(job, prompt_ids)
+        request = EngineRequest(job_id=job.id, prompt_ids=prompt_ids, sampling=job.sampling)
+        with self._lock:
+            self._in_flight += 1
+        try:
+            self.submit(request)
+            return request.future.result(timeout=timeout)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def cancelled(self, job_ids: list[str]) -> set[str]:
+        """Ask the cancel source; a broken source (Redis blip) cancels nothing."""
+        try:
+            return self.cancel_source(job_ids) if job_ids else set()
+        except Exception:  # noqa: BLE001
+            log.warning("cancel check failed; continuing", exc_info=True)
+            return set()
+
+
+def fail_requests(requests: list[EngineRequest], exc: BaseException) -> None:
+    """Fail every unfinished request of a batch with a typed EngineError."""
+    err = exc if isinstance(exc, EngineError) else EngineError(f"{type(exc).__name__}: {exc}")
+    for r in requests:
+        if not r.future.done():
+            r.future.set_exception(err)
+
+
+def now() -> float:
+    return time.time()

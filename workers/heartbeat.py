@@ -1,0 +1,78 @@
+"""The worker's heartbeat: its WorkerInfo in Redis every few seconds, with a TTL.
+
+The same thread also reaps dead workers (workers.reaper), so a fleet with at least one
+live worker redelivers a dead worker's jobs within about one heartbeat TTL, instead of
+waiting for the broker's visibility timeout (hours, to cover the longest job).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import redis
+
+from dispatcher.fleet import WORKERS_SET, WorkerInfo, inflight_key, worker_key
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        client: redis.Redis,
+        info: WorkerInfo,
+        in_flight: Callable[[], int],
+        interval_s: float,
+        ttl_s: float,
+        on_beat: Callable[[], None] | None = None,
+    ) -> None:
+        self.r = client
+        self.info = info
+        self.in_flight = in_flight
+        self.interval_s = interval_s
+        self.ttl_s = ttl_s
+        self.on_beat = on_beat
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def beat(self) -> None:
+        self.info.in_flight = self.in_flight()
+        self.info.last_beat = time.time()
+        pipe = self.r.pipeline()
+        pipe.set(worker_key(self.info.worker_id), self.info.model_dump_json(), px=int(self.ttl_s * 1000))
+        pipe.sadd(WORKERS_SET, self.info.worker_id)
+        pipe.execute()
+
+    def set_status(self, status: str) -> None:
+        self.info.status = status  # type: ignore[assignment]
+        self.beat()
+
+    def start(self) -> "Heartbeat":
+        self.beat()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+                if self.on_beat:
+                    self.on_beat()
+            except Exception:  # noqa: BLE001 - a Redis blip must not kill the heartbeat
+                log.warning("heartbeat failed", exc_info=True)
+
+    def stop(self) -> None:
+        """Graceful exit: the worker leaves the fleet at once (its jobs were finished or
+        handed back by Celery's warm shutdown)."""
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
+        try:
+            pipe = self.r.pipeline()
+            pipe.delete(worker_key(self.info.worker_id), inflight_key(self.info.worker_id))
+            pipe.srem(WORKERS_SET, self.info.worker_id)
+            pipe.execute()
+        except redis.RedisError:
+            log.warning("could not remove heartbeat", exc_info=True)

@@ -1,0 +1,122 @@
+"""The ``ib.generate`` task: one job through the worker's engine, exactly once.
+
+The task checks the job record first (a redelivered job that already finished returns the
+stored outcome), marks it running, runs the engine, and writes the one final outcome.
+Typed errors (context overflow, engine failure) are recorded and raised; the worker keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from celery.signals import task_postrun, task_received
+
+from dispatcher.celery_app import GENERATE_TASK
+from dispatcher.decision import Selection
+from dispatcher.fleet import inflight_key
+from dispatcher.jobs import EngineError, GenerationJob, JobError, JobResult, Timings, Usage
+from dispatcher.jobstore import JobStore
+from workers.engines.base import Engine, EngineOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    """What a worker process holds: set once by workers.worker before consuming."""
+
+    engine: Engine
+    store: JobStore
+    redis: redis.Redis
+    worker_id: str
+
+
+RUNTIME: Runtime | None = None
+
+
+def runtime() -> Runtime:
+    if RUNTIME is None:
+        raise EngineError("this process has no engine loaded (start workers with `ib worker`)")
+    return RUNTIME
+
+
+def run_job(job_data: dict, selection_data: dict) -> dict:
+    rt = runtime()
+    job = GenerationJob.model_validate(job_data)
+    selection = Selection.model_validate(selection_data)
+    previous = rt.store.final(job.id)
+    if previous is not None:
+        log.info("job %s already finished (%s): returning the recorded outcome", job.id, previous[0])
+        return _outcome(*previous)
+    attempt = rt.store.mark_running(job.id, rt.worker_id)
+    started = time.time()
+    log.info("job %s: model=%s attempt=%d max_tokens=%d", job.id, job.model, attempt, job.sampling.max_tokens)
+    try:
+        out = rt.engine.generate(job)
+    except JobError as exc:
+        _record_failure(rt, job.id, exc)
+        raise
+    except Exception as exc:  # noqa: BLE001
+        log.exception("job %s: engine failure", job.id)
+        err = EngineError(f"{type(exc).__name__}: {exc}", {"backend": rt.engine.backend})
+        _record_failure(rt, job.id, err)
+        raise err from None
+    result = build_result(job, selection, out, started, rt.worker_id, attempt)
+    payload = result.model_dump(mode="json")
+    if not rt.store.finish(job.id, result.status, payload):
+        return _outcome(*rt.store.final(job.id))  # another delivery finished first
+    return payload
+
+
+def build_result(
+    job: GenerationJob, selection: Selection, out: EngineOutput, started: float, worker: str, attempt: int
+) -> JobResult:
+    return JobResult(
+        id=job.id,
+        status="cancelled" if out.finish_reason == "cancelled" else "completed",
+        model=job.model,
+        text=out.text,
+        token_ids=out.token_ids,
+        finish_reason=out.finish_reason,  # type: ignore[arg-type]
+        usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=len(out.token_ids)),
+        timings=Timings(submitted=job.submitted_at, started=started, first_token=out.first_token_at, finished=out.finished_at),
+        backend=selection.backend,
+        worker=worker,
+        path=selection.path,
+        attempt=attempt,
+        batch_id=job.batch_id,
+        custom_id=job.custom_id,
+    )
+
+
+def _record_failure(rt: Runtime, job_id: str, exc: JobError) -> None:
+    rt.store.finish(job_id, "failed", exc.to_dict())
+
+
+def _outcome(status: str, payload: dict) -> dict:
+    if status == "failed":
+        raise JobError.from_dict(payload)
+    return payload
+
+
+def register(app: Celery) -> None:
+    """Register the task and the in-flight bookkeeping on the worker's app."""
+    app.task(name=GENERATE_TASK, bind=False, throws=(JobError,), acks_late=True)(run_job)
+
+    @task_received.connect(weak=False)
+    def _reserved(request=None, **_: object) -> None:
+        # Remember the broker delivery tag: if this process dies, the reaper restores it.
+        rt = RUNTIME
+        if rt is not None and request is not None:
+            rt.redis.hset(inflight_key(rt.worker_id), request.id, request.message.delivery_tag)
+
+    @task_postrun.connect(weak=False)
+    def _done(task_id: str | None = None, **_: object) -> None:
+        rt = RUNTIME
+        if rt is not None and task_id:
+            rt.redis.hdel(inflight_key(rt.worker_id), task_id)

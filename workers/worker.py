@@ -1,0 +1,117 @@
+"""Worker start-up: detect hardware, load one engine, heartbeat, consume the queues.
+
+A worker consumes its backend's shared queue ``ib.<backend>`` and its own queue
+``ib.<backend>.<worker_id>`` (for prefix-affinity routing). Celery runs tasks in a thread
+pool sized to what the engine wants in flight, so many jobs can share one batch; the
+engine is loaded once, here, before the first job is taken.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import socket
+
+import redis
+from celery.app import trace as celery_trace
+from celery.signals import worker_ready, worker_shutting_down
+
+from dispatcher import settings
+from dispatcher.celery_app import get_app
+from dispatcher.decision import BackendSpec, queue_for
+from dispatcher.fleet import WorkerInfo
+from dispatcher.jobstore import JobStore
+from dispatcher.registry import ModelRegistry
+from workers import hardware, reaper, tasks
+from workers.engines import create_engine
+from workers.heartbeat import Heartbeat
+
+log = logging.getLogger(__name__)
+
+
+def default_worker_id(backend: str, kind: str) -> str:
+    return f"{backend}-{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+def run_worker(
+    backend: str,
+    model: str,
+    *,
+    threads: int | None = None,
+    concurrency: int | None = None,
+    worker_id: str | None = None,
+    use_gpu: bool | None = None,
+    loglevel: str = "INFO",
+    overrides: dict | None = None,
+) -> None:
+    """Blocks until the worker is shut down (SIGTERM / SIGINT: warm shutdown)."""
+    url = settings.redis_url()
+    app = get_app(url)
+    cfg = settings.fleet_config()
+    client = redis.Redis.from_url(url)
+    store = JobStore(client, ttl_s=int(cfg["celery"]["result_expires_s"]))
+    spec = ModelRegistry.from_config().get(model)
+    backend_spec = BackendSpec(**settings.load_yaml("backends.yaml")["backends"][backend])
+    engine_config = {**backend_spec.engine_config(), "max_model_len": spec.context_length, **(overrides or {})}
+
+    # Celery logs each task's return value at INFO; results hold generated text, which
+    # stays out of the logs like the prompts do.
+    celery_trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
+    hw = hardware.detect(use_gpu)
+    worker_id = worker_id or default_worker_id(backend, hw.kind)
+    threads = threads or hw.cpu_cores
+    engine = create_engine(backend, spec, engine_config, threads, cancel_source=store.cancelled)
+    engine.load()
+    concurrency = concurrency or engine.capacity
+
+    queues = [queue_for(backend), f"{queue_for(backend)}.{worker_id}"]
+    info = WorkerInfo(
+        worker_id=worker_id,
+        backend=backend,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        hardware=hw,
+        models=[spec.name],
+        queues=queues,
+        capacity=concurrency,
+        started_at=time.time(),
+        status="starting",
+    )
+    tasks.RUNTIME = tasks.Runtime(engine=engine, store=store, redis=client, worker_id=worker_id)
+    tasks.register(app)
+    beat = Heartbeat(
+        client,
+        info,
+        in_flight=lambda: engine.in_flight,
+        interval_s=float(cfg["heartbeat"]["interval_s"]),
+        ttl_s=float(cfg["heartbeat"]["ttl_s"]),
+        on_beat=lambda: reaper.reap(client, app, worker_id),
+    ).start()
+
+    @worker_ready.connect(weak=False)
+    def _ready(**_: object) -> None:
+        beat.set_status("ready")
+        reaper.reap(client, app, worker_id)
+        log.info("worker %s ready: %s, queues %s, concurrency %d", worker_id, engine.describe(), queues, concurrency)
+
+    @worker_shutting_down.connect(weak=False)
+    def _draining(**_: object) -> None:
+        beat.set_status("draining")
+
+    try:
+        app.worker_main(
+            argv=[
+                "worker",
+                f"--hostname={worker_id}@%h",
+                f"--queues={','.join(queues)}",
+                "--pool=threads",
+                f"--concurrency={concurrency}",
+                f"--loglevel={loglevel}",
+                "--without-gossip",
+                "--without-mingle",
+            ]
+        )
+    finally:
+        beat.stop()
+        engine.close()
