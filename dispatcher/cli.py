@@ -195,7 +195,7 @@ def broker(port: int = 16379) -> None:
     with EmbeddedBroker(port=port) as b:
         console.print(f"embedded Valkey at {b.url} (data: {b.data_dir}); Ctrl-C stops it")
         try:
-            while b.server.is_running():
+            while b.running:
                 time.sleep(1)
         except KeyboardInterrupt:
             pass

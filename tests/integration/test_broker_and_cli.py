@@ -1,0 +1,64 @@
+"""The embedded Valkey broker (append-only persistence) and the `ib` command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import redis
+
+from dispatcher.broker import EmbeddedBroker
+
+pytestmark = pytest.mark.integration
+
+
+def test_embedded_broker_keeps_queued_work_across_a_restart(tmp_path):
+    with EmbeddedBroker(port=None, data_dir=tmp_path).start(announce=False) as broker:
+        r = redis.Redis.from_url(broker.url)
+        r.lpush("ib.pytorch", "job-1")
+        r.execute_command("BGREWRITEAOF")
+        port = broker.server.port
+    assert any(p.name.startswith("appendonly") for p in tmp_path.iterdir())
+    with EmbeddedBroker(port=port, data_dir=tmp_path).start(announce=False) as broker:
+        assert redis.Redis.from_url(broker.url).lrange("ib.pytorch", 0, -1) == [b"job-1"]
+
+
+def test_embedded_broker_requires_the_password_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("REDIS_PASSWORD", "s3cret")
+    with EmbeddedBroker(port=None, data_dir=tmp_path).start(announce=False) as broker:
+        assert redis.Redis.from_url(broker.url).ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=broker.server.port).ping()
+
+
+def ib(*args: str, redis_url: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "REDIS_URL": redis_url, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "dispatcher.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_ib_explain_prints_the_path(redis_url):
+    out = ib("explain", "--latency-ms", "50", "--hardware", "cpu", redis_url=redis_url)
+    assert out.returncode == 0, out.stderr
+    assert "GPU available?" in out.stdout and "job hint: cpu" in out.stdout
+    assert "latency target < 100 ms?" in out.stdout and "onnx" in out.stdout
+
+
+def test_ib_explain_refuses_an_unknown_model(redis_url):
+    out = ib("explain", "--model", "nope", redis_url=redis_url)
+    assert out.returncode == 1
+    assert "UnknownModelError" in out.stdout and "smollm2-135m" in out.stdout
+
+
+def test_ib_models_list(redis_url):
+    out = ib("models", "list", redis_url=redis_url)
+    assert out.returncode == 0 and "smollm2-135m" in out.stdout and "derived from gguf" in out.stdout
+
+
+def test_ib_submit_and_workers_against_a_live_worker(redis_url, pytorch_worker):
+    out = ib("workers", redis_url=redis_url)
+    assert pytorch_worker.worker_id in out.stdout
+    out = ib("submit", "-m", "What is the capital of France?", "--max-tokens", "12", redis_url=redis_url)
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout and "pytorch" in out.stdout and "TTFT" in out.stdout

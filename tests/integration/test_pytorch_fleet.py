@@ -1,0 +1,119 @@
+"""The fleet end to end: real Redis, a real `ib worker --backend pytorch` process, SmolLM2."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dispatcher.jobs import (
+    ContextOverflowError,
+    JobValidationError,
+    UnknownBackendError,
+    UnknownModelError,
+)
+from dispatcher.jobstore import job_key
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m"
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write one sentence about cats.",
+    "What is 7 plus 5?",
+]
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_worker_heartbeat_shows_backend_and_hardware(client, pytorch_worker):
+    (w,) = [w for w in client.workers().live() if w.worker_id == pytorch_worker.worker_id]
+    assert w.backend == "pytorch" and w.models == [MODEL]
+    assert w.hardware.kind == "cpu" and w.hardware.cpu_cores >= 1 and w.hardware.ram_gb > 0
+    assert "ib.pytorch" in w.queues and f"ib.pytorch.{w.worker_id}" in w.queues
+
+
+def test_greedy_through_the_fleet_equals_transformers_directly(client, pytorch_worker, reference):
+    for text in PROMPTS:
+        result = client.submit(model=MODEL, messages=chat(text), sampling={"max_tokens": 24}).result(timeout=300)
+        expected = reference(chat(text), 24)
+        assert result.token_ids == expected, text
+        assert result.backend == "pytorch" and result.worker == pytorch_worker.worker_id
+        assert result.usage.completion_tokens == len(expected)
+        assert result.finish_reason == ("stop" if expected[-1] == 2 else "length")
+        assert result.timings.submitted <= result.timings.started <= result.timings.first_token <= result.timings.finished
+        # the decision path went through the tree to llama.cpp, then fell back to the live pytorch worker
+        checks = [s.check for s in result.path]
+        assert "GPU available?" in checks and result.path[-1].answer == "fallback pytorch"
+
+
+def test_eight_concurrent_jobs_all_complete(client, pytorch_worker, reference):
+    texts = [f"Give me a word that rhymes with {w}." for w in ["cat", "dog", "sun", "tree", "blue", "cake", "rain", "star"]]
+    handles = client.submit_many({"model": MODEL, "messages": chat(t), "sampling": {"max_tokens": 16}} for t in texts)
+    results = [h.result(timeout=600) for h in handles]
+    assert [r.id for r in results] == [h.id for h in handles]
+    assert all(r.status == "completed" and r.usage.completion_tokens > 0 for r in results)
+    # they shared batches: more than one job saw its first token at the same instant
+    assert len({r.timings.first_token for r in results}) < len(results)
+    # batched (left-padded) greedy decoding still gives each job its own answer
+    for text, r in zip(texts, results):
+        assert r.token_ids == reference(chat(text), 16), text
+
+
+def test_stop_string_ends_the_job_and_is_not_returned(client, pytorch_worker):
+    r = client.submit(model=MODEL, messages=chat("Count from 1 to 20, separated by commas."),
+                      sampling={"max_tokens": 60, "stop": ["5"]}).result(timeout=300)  # fmt: skip
+    assert r.finish_reason == "stop"
+    assert "5" not in r.text and r.text.strip()
+
+
+def test_cancel_stops_a_long_generation_early(client, pytorch_worker):
+    handle = client.submit(model=MODEL, messages=chat("Write a very long story about a dragon."),
+                           sampling={"max_tokens": 1500})  # fmt: skip
+    deadline = time.monotonic() + 120
+    while handle.status() != "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2)
+    t0 = time.monotonic()
+    handle.cancel()
+    result = handle.result(timeout=120)
+    assert result.status == "cancelled" and result.finish_reason == "cancelled"
+    assert 0 < result.usage.completion_tokens < 1500
+    assert result.text  # the tokens so far are kept
+    assert time.monotonic() - t0 < 10
+    assert handle.status() == "cancelled"
+
+
+def test_unknown_model_is_refused_at_submit_and_nothing_is_enqueued(client, pytorch_worker):
+    with pytest.raises(UnknownModelError, match="known models: smollm2-135m"):
+        client.submit(id="never-enqueued-1", model="llama-9000", prompt="hi")
+    assert not client.redis.exists(job_key("never-enqueued-1"))
+
+
+def test_bad_parameters_are_refused_at_submit(client, pytorch_worker):
+    with pytest.raises(JobValidationError, match="sampling.temperature"):
+        client.submit(id="never-enqueued-2", model=MODEL, prompt="hi", sampling={"temperature": 9})
+    with pytest.raises(UnknownBackendError, match="known backends: pytorch, vllm, tgi, llamacpp, onnx"):
+        client.submit(id="never-enqueued-3", model=MODEL, prompt="hi", backend="tensorrt")
+    assert not client.redis.exists(job_key("never-enqueued-2"), job_key("never-enqueued-3"))
+
+
+def test_context_overflow_is_a_typed_error_and_the_worker_keeps_serving(client, pytorch_worker):
+    long_prompt = "lorem ipsum dolor sit amet " * 500  # ~2500 tokens > 2048
+    handle = client.submit(model=MODEL, prompt=long_prompt, sampling={"max_tokens": 8})
+    with pytest.raises(ContextOverflowError, match="context window is 2048 tokens"):
+        handle.result(timeout=120)
+    assert handle.status() == "failed"
+    after = client.submit(model=MODEL, messages=chat("Say hello."), sampling={"max_tokens": 8}).result(timeout=120)
+    assert after.status == "completed"
+
+
+def test_resubmitting_a_job_id_does_not_run_it_twice(client, pytorch_worker):
+    job = {"id": "idempotent-1", "model": MODEL, "messages": chat("Say yes."), "sampling": {"max_tokens": 4}}
+    first = client.submit(job).result(timeout=120)
+    second = client.submit(job).result(timeout=120)
+    assert first == second
+    assert client.record("idempotent-1")["attempts"] == "1"
