@@ -36,8 +36,8 @@ def create_app(broker_url: str) -> Celery:
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         task_track_started=True,
-        task_time_limit=int(cel["job_time_limit_s"]) + 60,
-        task_soft_time_limit=int(cel["job_time_limit_s"]),
+        # The thread pool cannot enforce Celery's time limits: the engine enforces
+        # job_time_limit_s itself (workers.engines.base.Engine.generate).
         result_expires=int(cel["result_expires_s"]),
         worker_prefetch_multiplier=int(cel["prefetch_multiplier"]),
         worker_hijack_root_logger=False,

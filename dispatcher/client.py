@@ -24,6 +24,7 @@ from dispatcher.fleet import FleetView, read_fleet
 from dispatcher.jobs import (
     BACKENDS,
     GenerationJob,
+    JobCancelledError,
     JobError,
     JobResult,
     JobTimeoutError,
@@ -51,8 +52,8 @@ class JobHandle:
     def path(self) -> list[PathStep]:
         return self.selection.path if self.selection else []
 
-    def result(self, timeout: float | None = None) -> JobResult:
-        return self.client.result(self.id, timeout=timeout)
+    def result(self, timeout: float | None = None, raise_on_cancel: bool = False) -> JobResult:
+        return self.client.result(self.id, timeout=timeout, raise_on_cancel=raise_on_cancel)
 
     def status(self) -> str:
         return self.client.status(self.id)
@@ -139,8 +140,11 @@ class Client:
 
     # ------------------------------------------------------------- results
 
-    def result(self, job_id: str, timeout: float | None = None) -> JobResult:
-        """Wait for the job; raises its typed JobError if it failed, JobTimeoutError if slow."""
+    def result(self, job_id: str, timeout: float | None = None, raise_on_cancel: bool = False) -> JobResult:
+        """Wait for the job; raises its typed JobError if it failed, JobTimeoutError if slow.
+
+        A cancelled job returns its partial result (status ``cancelled``), or with
+        ``raise_on_cancel`` raises JobCancelledError carrying that result in ``details``."""
         final = self.store.final(job_id)
         if final is None:
             try:
@@ -153,6 +157,8 @@ class Client:
         status, payload = final
         if status == "failed":
             raise JobError.from_dict(payload)
+        if status == "cancelled" and raise_on_cancel:
+            raise JobCancelledError(f"job {job_id} was cancelled", {"result": payload})
         return JobResult.model_validate(payload)
 
     def status(self, job_id: str) -> str:

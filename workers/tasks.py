@@ -34,6 +34,7 @@ class Runtime:
     store: JobStore
     redis: redis.Redis
     worker_id: str
+    time_limit_s: float | None = None  # a job running longer fails with JobTimeoutError
 
 
 RUNTIME: Runtime | None = None
@@ -57,7 +58,7 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
     started = time.time()
     log.info("job %s: model=%s attempt=%d max_tokens=%d", job.id, job.model, attempt, job.sampling.max_tokens)
     try:
-        out = rt.engine.generate(job)
+        out = rt.engine.generate(job, timeout=rt.time_limit_s)
     except JobError as exc:
         _record_failure(rt, job.id, exc)
         raise

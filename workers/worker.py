@@ -78,7 +78,9 @@ def run_worker(
         started_at=time.time(),
         status="starting",
     )
-    tasks.RUNTIME = tasks.Runtime(engine=engine, store=store, redis=client, worker_id=worker_id)
+    tasks.RUNTIME = tasks.Runtime(
+        engine=engine, store=store, redis=client, worker_id=worker_id, time_limit_s=float(cfg["celery"]["job_time_limit_s"])
+    )
     tasks.register(app)
     beat = Heartbeat(
         client,

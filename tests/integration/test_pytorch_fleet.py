@@ -8,6 +8,7 @@ import pytest
 
 from dispatcher.jobs import (
     ContextOverflowError,
+    JobCancelledError,
     JobValidationError,
     UnknownBackendError,
     UnknownModelError,
@@ -85,6 +86,9 @@ def test_cancel_stops_a_long_generation_early(client, pytorch_worker):
     assert result.text  # the tokens so far are kept
     assert time.monotonic() - t0 < 10
     assert handle.status() == "cancelled"
+    with pytest.raises(JobCancelledError) as info:
+        handle.result(timeout=10, raise_on_cancel=True)
+    assert info.value.details["result"]["token_ids"] == result.token_ids
 
 
 def test_unknown_model_is_refused_at_submit_and_nothing_is_enqueued(client, pytorch_worker):

@@ -13,10 +13,11 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dispatcher.jobs import ContextOverflowError, EngineError, GenerationJob, SamplingParams
+from dispatcher.jobs import ContextOverflowError, EngineError, GenerationJob, JobTimeoutError, SamplingParams
 from dispatcher.registry import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class EngineRequest:
     tokens: list[int] = field(default_factory=list)
     first_token_at: float | None = None
     finish_reason: str | None = None
+    aborted: bool = False  # set when the caller gave up (time limit): the engine drops it
 
 
 class Engine(ABC):
@@ -110,7 +112,8 @@ class Engine(ABC):
             )
 
     def generate(self, job: GenerationJob, timeout: float | None = None) -> EngineOutput:
-        """Run one job to completion (blocking the calling task thread)."""
+        """Run one job to completion (blocking the calling task thread); past ``timeout``
+        the job is dropped from the engine and JobTimeoutError raised."""
         prompt_ids = self.encode(job)
         self.check_context(job, prompt_ids)
         request = EngineRequest(job_id=job.id, prompt_ids=prompt_ids, sampling=job.sampling)
@@ -118,7 +121,13 @@ class Engine(ABC):
             self._in_flight += 1
         try:
             self.submit(request)
-            return request.future.result(timeout=timeout)
+            try:
+                return request.future.result(timeout=timeout)
+            except FutureTimeout:
+                request.aborted = True
+                raise JobTimeoutError(
+                    f"job {job.id} exceeded the {timeout:g} s time limit", {"time_limit_s": timeout}
+                ) from None
         finally:
             with self._lock:
                 self._in_flight -= 1

@@ -59,7 +59,7 @@ class BatchMonitor(StoppingCriteria):
         running = [r.job_id for r, d in zip(self.requests, self.done) if not d]
         cancelled = self.engine.cancelled(running)
         for i, req in enumerate(self.requests):
-            if not self.done[i] and req.job_id in cancelled:
+            if not self.done[i] and (req.job_id in cancelled or req.aborted):
                 self._finish(i, "cancelled")
         return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
 
@@ -134,11 +134,12 @@ class PyTorchEngine(Engine):
 
     def _run_batch(self, batch: list[EngineRequest]) -> None:
         # Jobs cancelled while they waited never reach the model.
-        gone = self.cancelled([r.job_id for r in batch])
-        for r in [r for r in batch if r.job_id in gone]:
+        cancelled = self.cancelled([r.job_id for r in batch])
+        gone = [r for r in batch if r.job_id in cancelled or r.aborted]
+        for r in gone:
             r.finish_reason = "cancelled"
             self._deliver(r)
-        batch = [r for r in batch if r.job_id not in gone]
+        batch = [r for r in batch if r not in gone]
         if not batch:
             return
         width = max(len(r.prompt_ids) for r in batch)
