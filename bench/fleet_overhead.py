@@ -95,6 +95,7 @@ def sequential(engine, client: Client, texts: list[str], max_tokens: int) -> dic
         "median_added_ms": statistics.median(added) * 1000,
         "median_queue_wait_ms": statistics.median(p["queue_wait_s"] for p in parts) * 1000,
         "median_delivery_ms": statistics.median(p["delivery_s"] for p in parts) * 1000,
+        "median_outside_worker_ms": statistics.median(f - p["worker_s"] for f, p in zip(fleet, parts)) * 1000,
     }
 
 
@@ -161,9 +162,10 @@ def main() -> int:
         "median_added_latency_ms": seq["median_added_ms"],
         "median_queue_wait_ms": seq["median_queue_wait_ms"],
         "median_result_delivery_ms": seq["median_delivery_ms"],
+        "median_fleet_path_ms": seq["median_outside_worker_ms"],
         "throughput_tok_s": {k: v["tok_s"] for k, v in sat.items()},
         "throughput_ratio": sat["fleet"]["tok_s"] / sat["in_process"]["tok_s"],
-        "targets": {"median_added_latency_ms": "< 5", "throughput_ratio": ">= 0.95"},
+        "targets": {"median_added_latency_ms": "< 5", "median_fleet_path_ms": "< 5", "throughput_ratio": ">= 0.95"},
     }
     results = {"sequential": seq, "saturated": sat}
     table = Table(title=f"fleet overhead: {args.jobs} jobs, greedy, {args.max_tokens} new tokens, {args.threads} thread(s)")
@@ -173,6 +175,7 @@ def main() -> int:
     tp = summary["throughput_tok_s"]
     table.add_row("sequential: median job latency", f"{ml['in_process']:.1f} ms", f"{ml['fleet']:.1f} ms",
                   f"{summary['median_added_latency_ms']:+.1f} ms (median of paired differences)")
+    table.add_row("  fleet path: end to end − time in the worker", "", f"{summary['median_fleet_path_ms']:.1f} ms", "")
     table.add_row("  fleet path: submit → worker start", "", f"{summary['median_queue_wait_ms']:.1f} ms", "")
     table.add_row("  fleet path: worker done → client has it", "", f"{summary['median_result_delivery_ms']:.1f} ms", "")
     table.add_row("saturated: throughput", f"{tp['in_process']:.1f} tok/s", f"{tp['fleet']:.1f} tok/s",

@@ -35,14 +35,17 @@ def create_app(broker_url: str) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
-        task_track_started=True,
         # The thread pool cannot enforce Celery's time limits: the engine enforces
         # job_time_limit_s itself (workers.engines.base.Engine.generate).
         result_expires=int(cel["result_expires_s"]),
         worker_prefetch_multiplier=int(cel["prefetch_multiplier"]),
         worker_hijack_root_logger=False,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Job status lives in our own record (dispatcher.jobstore), so Celery's STARTED
+        # state and task events stay off the hot path; Flower switches events on for as
+        # long as it watches (its enable_events control command).
+        task_track_started=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": int(cel["visibility_timeout_s"]),

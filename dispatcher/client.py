@@ -11,6 +11,7 @@ enqueued: a bad job raises a typed JobError and nothing reaches the queue.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable
 
 import redis
@@ -78,15 +79,23 @@ class Client:
         self.backends = {n: BackendSpec(**s) for n, s in settings.load_yaml("backends.yaml")["backends"].items()}
         self.priorities: dict[str, int] = cfg["priorities"]
         self.store = JobStore(self.redis, ttl_s=int(cfg["celery"]["result_expires_s"]))
+        self.fleet_cache_s = float(cfg["client"]["fleet_cache_s"])
+        self._fleet: tuple[float, FleetView] | None = None
 
     # ------------------------------------------------------------- deciding
 
-    def workers(self) -> FleetView:
-        return read_fleet(self.redis)
+    def workers(self, max_age_s: float | None = None) -> FleetView:
+        """The live fleet. Submissions reuse a snapshot up to ``fleet_cache_s`` old (far
+        below the heartbeat TTL), which saves two round trips per submit."""
+        max_age = self.fleet_cache_s if max_age_s is None else max_age_s
+        now = time.monotonic()
+        if self._fleet is None or now - self._fleet[0] > max_age:
+            self._fleet = (now, read_fleet(self.redis))
+        return self._fleet[1]
 
     def explain(self, job: GenerationJob | dict[str, Any] | None = None, **fields: Any) -> Selection:
         """The decision for a job, without running it."""
-        return self._decide(self._parse(job, fields), self.workers())
+        return self._decide(self._parse(job, fields), self.workers(max_age_s=0))
 
     def _parse(self, job: GenerationJob | dict[str, Any] | None, fields: dict[str, Any]) -> GenerationJob:
         raw = job if job is not None else fields
@@ -110,14 +119,12 @@ class Client:
         parsed = [self._parse(j, {}) for j in jobs]
         fleet = self.workers()
         selections = [self._decide(j, fleet) for j in parsed]
-        fresh = self.store.claim_ids([j.id for j in parsed])
-        pipe = self.redis.pipeline(transaction=False)
-        for job, sel, new in zip(parsed, selections, fresh):
-            if new:
-                self.store.record_submitted(
-                    pipe, job.id, {"model": job.model, "backend": sel.backend, "queue": sel.queue, "submitted_at": job.submitted_at}
-                )
-        pipe.execute()
+        fresh = self.store.claim(
+            {
+                j.id: {"model": j.model, "backend": s.backend, "queue": s.queue, "submitted_at": j.submitted_at}
+                for j, s in zip(parsed, selections)
+            }
+        )
         for job, sel, new in zip(parsed, selections, fresh):
             if new:
                 self._enqueue(job, sel)
@@ -148,10 +155,11 @@ class Client:
         final = self.store.final(job_id)
         if final is None:
             try:
-                AsyncResult(job_id, app=self.app).get(timeout=timeout, propagate=False, disable_sync_subtasks=False)
+                value = AsyncResult(job_id, app=self.app).get(timeout=timeout, propagate=False, disable_sync_subtasks=False)
             except CeleryTimeoutError:
                 raise JobTimeoutError(f"job {job_id} not finished after {timeout} s", {"job_id": job_id}) from None
-            final = self.store.final(job_id)
+            # A finished job's task returns its JobResult: no second look-up needed.
+            final = (value["status"], value) if isinstance(value, dict) and "status" in value else self.store.final(job_id)
         if final is None:
             raise JobError(f"job {job_id} ended without a recorded outcome", {"job_id": job_id})
         status, payload = final

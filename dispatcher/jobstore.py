@@ -29,26 +29,47 @@ class JobStore:
         self.r = client
         self.ttl_s = ttl_s
 
-    def claim_ids(self, job_ids: list[str]) -> list[bool]:
-        """Create the records of new jobs in one round trip; False for an id already known,
-        so resubmitting the same job id never enqueues it twice."""
-        pipe = self.r.pipeline()
-        for job_id in job_ids:
-            pipe.hsetnx(job_key(job_id), "status", "queued")
+    # One script per job, all jobs in one pipeline: create the record only if the id is
+    # new, so resubmitting a job id never enqueues it twice.
+    _CLAIM = """
+    if redis.call('HSETNX', KEYS[1], 'status', 'queued') == 0 then return 0 end
+    for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+    redis.call('EXPIRE', KEYS[1], ARGV[1])
+    return 1
+    """
+
+    def claim(self, records: dict[str, dict[str, Any]]) -> list[bool]:
+        """Create the records of new jobs (job id → submit-time fields) in one round trip;
+        False for an id that is already known."""
+        script = self.r.register_script(self._CLAIM)
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, fields in records.items():
+            flat = [x for k, v in fields.items() for x in (k, _enc(v))]
+            script(keys=[job_key(job_id)], args=[self.ttl_s, *flat], client=pipe)
         return [bool(created) for created in pipe.execute()]
 
-    def record_submitted(self, pipe: Any, job_id: str, fields: dict[str, Any]) -> None:
-        """Queue the submit-time fields on a pipeline (one round trip for many jobs)."""
-        pipe.hset(job_key(job_id), mapping={k: _enc(v) for k, v in fields.items()})
-        pipe.expire(job_key(job_id), self.ttl_s)
+    # A delivery either finds the final outcome (a redelivered job that already finished)
+    # or becomes the next attempt, in one round trip.
+    _BEGIN = """
+    local final = redis.call('HGET', KEYS[1], 'final')
+    if final then
+        local field = 'result'
+        if final == 'failed' then field = 'error' end
+        return {final, redis.call('HGET', KEYS[1], field)}
+    end
+    local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+    redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started_at', ARGV[2])
+    redis.call('EXPIRE', KEYS[1], ARGV[3])
+    return attempt
+    """
 
-    def mark_running(self, job_id: str, worker: str) -> int:
-        """Returns the attempt number (1 for the first delivery)."""
-        pipe = self.r.pipeline()
-        pipe.hincrby(job_key(job_id), "attempts", 1)
-        pipe.hset(job_key(job_id), mapping={"status": "running", "worker": worker, "started_at": time.time()})
-        pipe.expire(job_key(job_id), self.ttl_s)
-        return int(pipe.execute()[0])
+    def begin(self, job_id: str, worker: str) -> int | tuple[str, dict[str, Any]]:
+        """The attempt number (1 for the first delivery), or (status, outcome) if the job
+        already finished."""
+        out = self.r.eval(self._BEGIN, 1, job_key(job_id), worker, time.time(), self.ttl_s)
+        if isinstance(out, list):
+            return out[0].decode(), json.loads(out[1]) if out[1] else {}
+        return int(out)
 
     # HSETNX decides who finishes; the rest of the write happens in the same script, so
     # a reader never sees ``final`` without its result.

@@ -50,12 +50,11 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
     rt = runtime()
     job = GenerationJob.model_validate(job_data)
     selection = Selection.model_validate(selection_data)
-    previous = rt.store.final(job.id)
-    if previous is not None:
-        log.info("job %s already finished (%s): returning the recorded outcome", job.id, previous[0])
-        return _outcome(*previous)
-    attempt = rt.store.mark_running(job.id, rt.worker_id)
     started = time.time()
+    attempt = rt.store.begin(job.id, rt.worker_id)
+    if isinstance(attempt, tuple):
+        log.info("job %s already finished (%s): returning the recorded outcome", job.id, attempt[0])
+        return _outcome(*attempt)
     log.info("job %s: model=%s attempt=%d max_tokens=%d", job.id, job.model, attempt, job.sampling.max_tokens)
     try:
         out = rt.engine.generate(job, timeout=rt.time_limit_s)
