@@ -44,6 +44,9 @@ def create_app(broker_url: str) -> Celery:
         # state and task events stay off the hot path; Flower switches events on for as
         # long as it watches (its enable_events control command).
         task_track_started=False,
+        # One store of outcomes: the job record (written once, read by Client.result).
+        # Celery's result backend would hold a second copy of every result for a day.
+        task_ignore_result=True,
         worker_send_task_events=False,
         task_send_sent_event=False,
         broker_connection_retry_on_startup=True,

@@ -15,8 +15,6 @@ import time
 from typing import Any, Iterable
 
 import redis
-from celery.exceptions import TimeoutError as CeleryTimeoutError
-from celery.result import AsyncResult
 
 from dispatcher import settings
 from dispatcher.celery_app import GENERATE_TASK, BrokerNotConfigured, get_app
@@ -141,6 +139,7 @@ class Client:
             task_id=job.id,
             queue=sel.queue,
             priority=self.priorities[job.priority.value],
+            ignore_result=True,  # the outcome lives in the job record (dispatcher.jobstore)
             argsrepr=summary,
             kwargsrepr="{}",
         )
@@ -152,16 +151,9 @@ class Client:
 
         A cancelled job returns its partial result (status ``cancelled``), or with
         ``raise_on_cancel`` raises JobCancelledError carrying that result in ``details``."""
-        final = self.store.final(job_id)
+        final = self.store.wait(job_id, timeout=timeout)
         if final is None:
-            try:
-                value = AsyncResult(job_id, app=self.app).get(timeout=timeout, propagate=False, disable_sync_subtasks=False)
-            except CeleryTimeoutError:
-                raise JobTimeoutError(f"job {job_id} not finished after {timeout} s", {"job_id": job_id}) from None
-            # A finished job's task returns its JobResult: no second look-up needed.
-            final = (value["status"], value) if isinstance(value, dict) and "status" in value else self.store.final(job_id)
-        if final is None:
-            raise JobError(f"job {job_id} ended without a recorded outcome", {"job_id": job_id})
+            raise JobTimeoutError(f"job {job_id} not finished after {timeout} s", {"job_id": job_id})
         status, payload = final
         if status == "failed":
             raise JobError.from_dict(payload)

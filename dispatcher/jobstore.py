@@ -16,12 +16,22 @@ import redis
 from dispatcher.jobs import JobStatus
 
 
+# BLPOP waits in slices shorter than redis-py's default socket timeout (5 s), which
+# would otherwise cut a longer blocking call as a TimeoutError.
+WAIT_SLICE_S = 2.0
+
+
 def job_key(job_id: str) -> str:
     return f"ib:job:{job_id}"
 
 
 def cancel_key(job_id: str) -> str:
     return f"ib:cancel:{job_id}"
+
+
+def done_key(job_id: str) -> str:
+    """A one-token list pushed when the job finishes: what waiting clients BLPOP on."""
+    return f"ib:done:{job_id}"
 
 
 class JobStore:
@@ -78,6 +88,8 @@ class JobStore:
     redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[2], ARGV[3], 'finished_at', ARGV[4])
     redis.call('HINCRBY', KEYS[1], 'completions', 1)
     redis.call('EXPIRE', KEYS[1], ARGV[5])
+    redis.call('RPUSH', KEYS[2], ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[5])
     return 1
     """
 
@@ -85,15 +97,32 @@ class JobStore:
         """Write the final outcome if none exists yet; False means another run already did."""
         field = "error" if status == "failed" else "result"
         args = [status, field, json.dumps(payload), time.time(), self.ttl_s]
-        return bool(self.r.eval(self._FINISH, 1, job_key(job_id), *args))
+        return bool(self.r.eval(self._FINISH, 2, job_key(job_id), done_key(job_id), *args))
 
     def final(self, job_id: str) -> tuple[str, dict[str, Any]] | None:
         """(status, result-or-error) if the job has finished."""
-        status, result, error = self.r.hmget(job_key(job_id), "final", "result", "error")
-        if not status:
-            return None
-        body = result if status.decode() != "failed" else error
-        return status.decode(), json.loads(body) if body else {}
+        return _final(self.r.hmget(job_key(job_id), "final", "result", "error"))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
+        """Block until the job has its final outcome; None after ``timeout`` seconds.
+
+        The finisher pushes one token on ``ib:done:<id>``; a waiter that pops it pushes it
+        back in the same round trip as its read, so any number of waiters wake, and no
+        process needs a pub/sub listener.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        final = self.final(job_id)
+        while final is None:
+            remaining = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
+            if remaining <= 0:
+                return None
+            token = self.r.blpop([done_key(job_id)], timeout=max(remaining, 0.01))
+            pipe = self.r.pipeline(transaction=False)
+            if token is not None:
+                pipe.rpush(done_key(job_id), token[1])
+            pipe.hmget(job_key(job_id), "final", "result", "error")
+            final = _final(pipe.execute()[-1])
+        return final
 
     def get(self, job_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(job_key(job_id)).items()}
@@ -107,6 +136,14 @@ class JobStore:
             return set()
         flags = self.r.mget([cancel_key(j) for j in job_ids])
         return {j for j, f in zip(job_ids, flags) if f}
+
+
+def _final(values: list[bytes | None]) -> tuple[str, dict[str, Any]] | None:
+    status, result, error = values
+    if not status:
+        return None
+    body = error if status == b"failed" else result
+    return status.decode(), json.loads(body) if body else {}
 
 
 def _enc(value: Any) -> str | int | float:

@@ -106,7 +106,7 @@ def _outcome(status: str, payload: dict) -> dict:
 
 def register(app: Celery) -> None:
     """Register the task and the in-flight bookkeeping on the worker's app."""
-    app.task(name=GENERATE_TASK, bind=False, throws=(JobError,), acks_late=True)(run_job)
+    app.task(name=GENERATE_TASK, bind=False, throws=(JobError,), acks_late=True, ignore_result=True)(run_job)
 
     @task_received.connect(weak=False)
     def _reserved(request=None, **_: object) -> None:
