@@ -208,6 +208,10 @@ class UnknownBackendError(JobError, LookupError):
     code = "unknown_backend"
 
 
+class UnknownJobError(JobError, LookupError):
+    code = "unknown_job"
+
+
 class UnsupportedByBackendError(JobError):
     code = "unsupported_by_backend"
 
@@ -239,6 +243,7 @@ ERROR_TYPES: dict[str, type[JobError]] = {
         JobValidationError,
         UnknownModelError,
         UnknownBackendError,
+        UnknownJobError,
         UnsupportedByBackendError,
         NoLiveWorkerError,
         ContextOverflowError,

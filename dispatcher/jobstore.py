@@ -124,6 +124,9 @@ class JobStore:
             final = _final(pipe.execute()[-1])
         return final
 
+    def exists(self, job_id: str) -> bool:
+        return bool(self.r.exists(job_key(job_id)))
+
     def get(self, job_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(job_key(job_id)).items()}
 

@@ -43,7 +43,6 @@ def run_worker(
     worker_id: str | None = None,
     use_gpu: bool | None = None,
     loglevel: str = "INFO",
-    overrides: dict | None = None,
 ) -> None:
     """Blocks until the worker is shut down (SIGTERM / SIGINT: warm shutdown)."""
     url = settings.redis_url()
@@ -53,12 +52,17 @@ def run_worker(
     store = JobStore(client, ttl_s=int(cfg["celery"]["result_expires_s"]))
     spec = ModelRegistry.from_config().get(model)
     backend_spec = BackendSpec(**settings.load_yaml("backends.yaml")["backends"][backend])
-    engine_config = {**backend_spec.engine_config(), "max_model_len": spec.context_length, **(overrides or {})}
 
     # Celery logs each task's return value at INFO; results hold generated text, which
     # stays out of the logs like the prompts do.
     celery_trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
     hw = hardware.detect(use_gpu)
+    # The engine runs where the heartbeat says the worker is (`--cpu` on a GPU host too).
+    engine_config = {
+        **backend_spec.engine_config(),
+        "max_model_len": spec.context_length,
+        "device": "cuda" if hw.kind == "gpu" else "cpu",
+    }
     worker_id = worker_id or default_worker_id(backend, hw.kind)
     threads = threads or hw.cpu_cores
     engine = create_engine(backend, spec, engine_config, threads, cancel_source=store.cancelled)

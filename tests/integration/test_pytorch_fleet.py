@@ -11,6 +11,7 @@ from dispatcher.jobs import (
     JobCancelledError,
     JobValidationError,
     UnknownBackendError,
+    UnknownJobError,
     UnknownModelError,
 )
 from dispatcher.jobstore import job_key
@@ -113,6 +114,11 @@ def test_context_overflow_is_a_typed_error_and_the_worker_keeps_serving(client, 
     assert handle.status() == "failed"
     after = client.submit(model=MODEL, messages=chat("Say hello."), sampling={"max_tokens": 8}).result(timeout=120)
     assert after.status == "completed"
+
+
+def test_result_of_an_unknown_job_id_is_a_clear_error(client):
+    with pytest.raises(UnknownJobError, match="never submitted"):
+        client.result("no-such-job", timeout=5)
 
 
 def test_resubmitting_a_job_id_does_not_run_it_twice(client, pytorch_worker):
