@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -32,6 +32,15 @@ def cancel_key(job_id: str) -> str:
 def done_key(job_id: str) -> str:
     """A one-token list pushed when the job finishes: what waiting clients BLPOP on."""
     return f"ib:done:{job_id}"
+
+
+class Begin(NamedTuple):
+    """What a delivery learns when it starts: its attempt number, whether the job was
+    cancelled before it ran, or the outcome of an earlier delivery that finished it."""
+
+    attempt: int
+    cancelled: bool
+    final: tuple[str, dict[str, Any]] | None = None
 
 
 class JobStore:
@@ -59,27 +68,26 @@ class JobStore:
         return [bool(created) for created in pipe.execute()]
 
     # A delivery either finds the final outcome (a redelivered job that already finished)
-    # or becomes the next attempt, in one round trip.
+    # or becomes the next attempt, learning in the same round trip whether the job was
+    # cancelled while it waited in the queue.
     _BEGIN = """
     local final = redis.call('HGET', KEYS[1], 'final')
     if final then
         local field = 'result'
         if final == 'failed' then field = 'error' end
-        return {final, redis.call('HGET', KEYS[1], field)}
+        return {0, 0, final, redis.call('HGET', KEYS[1], field)}
     end
     local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
     redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started_at', ARGV[2])
     redis.call('EXPIRE', KEYS[1], ARGV[3])
-    return attempt
+    return {attempt, redis.call('EXISTS', KEYS[2])}
     """
 
-    def begin(self, job_id: str, worker: str) -> int | tuple[str, dict[str, Any]]:
-        """The attempt number (1 for the first delivery), or (status, outcome) if the job
-        already finished."""
-        out = self.r.eval(self._BEGIN, 1, job_key(job_id), worker, time.time(), self.ttl_s)
-        if isinstance(out, list):
-            return out[0].decode(), json.loads(out[1]) if out[1] else {}
-        return int(out)
+    def begin(self, job_id: str, worker: str) -> Begin:
+        out = self.r.eval(self._BEGIN, 2, job_key(job_id), cancel_key(job_id), worker, time.time(), self.ttl_s)
+        if len(out) == 4:
+            return Begin(attempt=0, cancelled=False, final=(out[2].decode(), json.loads(out[3]) if out[3] else {}))
+        return Begin(attempt=int(out[0]), cancelled=bool(out[1]))
 
     # HSETNX decides who finishes; the rest of the write happens in the same script, so
     # a reader never sees ``final`` without its result.

@@ -21,6 +21,7 @@ from dispatcher.decision import Selection
 from dispatcher.fleet import inflight_key
 from dispatcher.jobs import EngineError, GenerationJob, JobError, JobResult, Timings, Usage
 from dispatcher.jobstore import JobStore
+from workers.cancel_watch import CancelWatcher
 from workers.engines.base import Engine, EngineOutput
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class Runtime:
     store: JobStore
     redis: redis.Redis
     worker_id: str
+    cancels: CancelWatcher
     time_limit_s: float | None = None  # a job running longer fails with JobTimeoutError
 
 
@@ -51,13 +53,18 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
     job = GenerationJob.model_validate(job_data)
     selection = Selection.model_validate(selection_data)
     started = time.time()
-    attempt = rt.store.begin(job.id, rt.worker_id)
-    if isinstance(attempt, tuple):
-        log.info("job %s already finished (%s): returning the recorded outcome", job.id, attempt[0])
-        return _outcome(*attempt)
+    begin = rt.store.begin(job.id, rt.worker_id)
+    if begin.final is not None:
+        log.info("job %s already finished (%s): returning the recorded outcome", job.id, begin.final[0])
+        return _outcome(*begin.final)
+    attempt = begin.attempt
     log.info("job %s: model=%s attempt=%d max_tokens=%d", job.id, job.model, attempt, job.sampling.max_tokens)
+    rt.cancels.watch(job.id)
     try:
-        out = rt.engine.generate(job, timeout=rt.time_limit_s)
+        if begin.cancelled:  # cancelled while queued: never reaches the model
+            out = EngineOutput([], "", "cancelled", len(rt.engine.encode(job)), None, time.time())
+        else:
+            out = rt.engine.generate(job, timeout=rt.time_limit_s)
     except JobError as exc:
         _record_failure(rt, job.id, exc)
         raise
@@ -66,6 +73,8 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
         err = EngineError(f"{type(exc).__name__}: {exc}", {"backend": rt.engine.backend})
         _record_failure(rt, job.id, err)
         raise err from None
+    finally:
+        rt.cancels.unwatch(job.id)
     result = build_result(job, selection, out, started, rt.worker_id, attempt)
     payload = result.model_dump(mode="json")
     if not rt.store.finish(job.id, result.status, payload):

@@ -24,6 +24,7 @@ from dispatcher.fleet import WorkerInfo
 from dispatcher.jobstore import JobStore
 from dispatcher.registry import ModelRegistry
 from workers import hardware, reaper, tasks
+from workers.cancel_watch import CancelWatcher
 from workers.engines import create_engine
 from workers.heartbeat import Heartbeat
 
@@ -65,7 +66,8 @@ def run_worker(
     }
     worker_id = worker_id or default_worker_id(backend, hw.kind)
     threads = threads or hw.cpu_cores
-    engine = create_engine(backend, spec, engine_config, threads, cancel_source=store.cancelled)
+    cancels = CancelWatcher(store.cancelled).start()
+    engine = create_engine(backend, spec, engine_config, threads, cancel_source=cancels.cancelled)
     engine.load()
     concurrency = concurrency or engine.capacity
 
@@ -83,7 +85,12 @@ def run_worker(
         status="starting",
     )
     tasks.RUNTIME = tasks.Runtime(
-        engine=engine, store=store, redis=client, worker_id=worker_id, time_limit_s=float(cfg["celery"]["job_time_limit_s"])
+        engine=engine,
+        store=store,
+        redis=client,
+        worker_id=worker_id,
+        cancels=cancels,
+        time_limit_s=float(cfg["celery"]["job_time_limit_s"]),
     )
     tasks.register(app)
     beat = Heartbeat(
@@ -121,3 +128,4 @@ def run_worker(
     finally:
         beat.stop()
         engine.close()
+        cancels.stop()

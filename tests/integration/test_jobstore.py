@@ -23,11 +23,18 @@ def test_first_outcome_wins_and_later_deliveries_see_it(store):
     job = uuid.uuid4().hex
     assert store.claim({job: {"model": "m"}}) == [True]
     assert store.claim({job: {"model": "m"}}) == [False]
-    assert store.begin(job, "w1") == 1
+    assert store.begin(job, "w1") == (1, False, None)
     assert store.finish(job, "completed", {"text": "first"})
     assert not store.finish(job, "completed", {"text": "second"})
-    assert store.begin(job, "w2") == ("completed", {"text": "first"})
+    assert store.begin(job, "w2").final == ("completed", {"text": "first"})
     assert store.get(job)["completions"] == "1"
+
+
+def test_begin_sees_a_cancel_that_came_while_queued(store):
+    job = uuid.uuid4().hex
+    store.claim({job: {}})
+    store.request_cancel(job)
+    assert store.begin(job, "w1") == (1, True, None)
 
 
 def test_every_waiter_wakes_when_the_job_finishes(store):

@@ -92,6 +92,14 @@ def test_cancel_stops_a_long_generation_early(client, pytorch_worker):
     assert info.value.details["result"]["token_ids"] == result.token_ids
 
 
+def test_a_job_cancelled_while_queued_never_runs(client, pytorch_worker):
+    client.cancel("cancelled-before-pickup")
+    handle = client.submit(id="cancelled-before-pickup", model=MODEL, messages=chat("Hello"), sampling={"max_tokens": 50})
+    result = handle.result(timeout=60)
+    assert result.status == "cancelled" and result.token_ids == [] and result.text == ""
+    assert result.usage.prompt_tokens > 0 and result.timings.first_token is None
+
+
 def test_unknown_model_is_refused_at_submit_and_nothing_is_enqueued(client, pytorch_worker):
     with pytest.raises(UnknownModelError, match="known models: smollm2-135m"):
         client.submit(id="never-enqueued-1", model="llama-9000", prompt="hi")
