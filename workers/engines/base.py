@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -77,7 +76,7 @@ class Engine(ABC):
     def load(self) -> None:
         """Load weights and start the scheduler. Called once per worker process."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: engines without a scheduler need none
         """Stop the scheduler and free the model."""
 
     @property
@@ -147,7 +146,3 @@ def fail_requests(requests: list[EngineRequest], exc: BaseException) -> None:
     for r in requests:
         if not r.future.done():
             r.future.set_exception(err)
-
-
-def now() -> float:
-    return time.time()

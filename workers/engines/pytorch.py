@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from dispatcher.jobs import GenerationJob
 from workers.batching import BatchQueue
-from workers.engines.base import Engine, EngineOutput, EngineRequest, fail_requests, now
+from workers.engines.base import Engine, EngineOutput, EngineRequest, fail_requests
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class BatchMonitor(StoppingCriteria):
         self.eos = set(engine.eos_ids)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        t = now()
+        t = time.time()
         last = input_ids[:, -1].tolist()
         for i, (req, tok) in enumerate(zip(self.requests, last)):
             if self.done[i]:
@@ -186,6 +186,6 @@ class PyTorchEngine(Engine):
                 finish_reason=r.finish_reason or "length",
                 prompt_tokens=len(r.prompt_ids),
                 first_token_at=r.first_token_at,
-                finished_at=now(),
+                finished_at=time.time(),
             )
         )
