@@ -65,6 +65,19 @@ def test_eight_concurrent_jobs_all_complete(client, pytorch_worker, reference):
         assert r.token_ids == reference(chat(text), 16), text
 
 
+def test_a_short_job_is_answered_before_its_batch_ends(client, pytorch_worker):
+    short, long = client.submit_many(
+        [
+            {"model": MODEL, "messages": chat("Say hi."), "sampling": {"max_tokens": 3}},
+            {"model": MODEL, "messages": chat("Write a very long story about a dragon."), "sampling": {"max_tokens": 64}},
+        ]
+    )
+    s, r = short.result(timeout=300), long.result(timeout=300)
+    assert s.timings.first_token == r.timings.first_token  # the same batch
+    assert s.usage.completion_tokens <= 3 and r.usage.completion_tokens == 64
+    assert s.timings.finished < r.timings.finished - 1.0
+
+
 def test_stop_string_ends_the_job_and_is_not_returned(client, pytorch_worker):
     r = client.submit(model=MODEL, messages=chat("Count from 1 to 20, separated by commas."),
                       sampling={"max_tokens": 60, "stop": ["5"]}).result(timeout=300)  # fmt: skip

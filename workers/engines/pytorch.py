@@ -4,7 +4,8 @@ Jobs with the same sampling configuration are padded on the left into one batch 
 ``batch_size``, waiting at most ``max_wait_ms`` for company) and decoded together. A
 per-step monitor (a StoppingCriteria) records each row's tokens and first-token time,
 and ends a row on its own max_tokens, stop string, EOS or cancel flag, so jobs in one
-batch may ask for different lengths.
+batch may ask for different lengths; a row that ends is answered at once, while the
+rest of its batch decodes on.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ class BatchMonitor(StoppingCriteria):
         return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
 
     def _finish(self, i: int, reason: str) -> None:
+        # A row that is done is answered now, not when the batch's longest row ends.
         self.done[i] = True
         self.requests[i].finish_reason = reason
+        self.engine._deliver(self.requests[i])
 
 
 class PyTorchEngine(Engine):
@@ -169,8 +172,9 @@ class PyTorchEngine(Engine):
                 stopping_criteria=[monitor],
             )
         for r in batch:
-            r.finish_reason = r.finish_reason or "length"
-            self._deliver(r)
+            if not r.future.done():  # rows the monitor did not end (generate's own limit)
+                r.finish_reason = r.finish_reason or "length"
+                self._deliver(r)
 
     def _deliver(self, r: EngineRequest) -> None:
         tokens = [t for t in r.tokens if t not in self.eos_ids]
