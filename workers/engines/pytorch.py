@@ -25,6 +25,12 @@ from workers.engines.base import Engine, EngineOutput, EngineRequest, fail_reque
 log = logging.getLogger(__name__)
 
 
+def first_stop(text: str, stops: list[str]) -> int | None:
+    """Where the earliest stop string starts in ``text``, if any appeared."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
 def batch_key(request: EngineRequest) -> Hashable:
     """Requests that can share one ``generate`` call: same sampling; a seeded one runs alone."""
     s = request.sampling
@@ -120,10 +126,7 @@ class PyTorchEngine(Engine):
         self.queue.put(request)
 
     def stop_index(self, request: EngineRequest) -> int | None:
-        """Where the first stop string starts in the decoded text, if one appeared."""
-        text = self.tokenizer.decode(request.tokens, skip_special_tokens=True)
-        hits = [i for i in (text.find(s) for s in request.sampling.stop) if i >= 0]
-        return min(hits) if hits else None
+        return first_stop(self.tokenizer.decode(request.tokens, skip_special_tokens=True), request.sampling.stop)
 
     # ---------------------------------------------------------- scheduler
 
@@ -179,10 +182,9 @@ class PyTorchEngine(Engine):
     def _deliver(self, r: EngineRequest) -> None:
         tokens = [t for t in r.tokens if t not in self.eos_ids]
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if r.sampling.stop:
-            cut = [i for i in (text.find(s) for s in r.sampling.stop) if i >= 0]
-            if cut:
-                text = text[: min(cut)]
+        cut = first_stop(text, r.sampling.stop)
+        if cut is not None:
+            text = text[:cut]
         r.future.set_result(
             EngineOutput(
                 token_ids=list(r.tokens),
