@@ -119,14 +119,19 @@ class Client:
         fleet = self.workers()
         selections = [self._decide(j, fleet) for j in parsed]
         fresh = self.store.claim(
-            {
-                j.id: {"model": j.model, "backend": s.backend, "queue": s.queue, "submitted_at": j.submitted_at}
+            [
+                (j.id, {"model": j.model, "backend": s.backend, "queue": s.queue, "submitted_at": j.submitted_at})
                 for j, s in zip(parsed, selections)
-            }
+            ]
         )
-        for job, sel, new in zip(parsed, selections, fresh):
-            if new:
+        todo = [(job, sel) for job, sel, new in zip(parsed, selections, fresh) if new]
+        for i, (job, sel) in enumerate(todo):
+            try:
                 self._enqueue(job, sel)
+            except Exception:
+                # The broker refused: these jobs were not queued, so resubmitting them must work.
+                self.store.release([j.id for j, _ in todo[i:]])
+                raise
         return [JobHandle(self, job.id, sel) for job, sel in zip(parsed, selections)]
 
     def _enqueue(self, job: GenerationJob, sel: Selection) -> None:

@@ -57,12 +57,12 @@ class JobStore:
     return 1
     """
 
-    def claim(self, records: dict[str, dict[str, Any]]) -> list[bool]:
-        """Create the records of new jobs (job id → submit-time fields) in one round trip;
-        False for an id that is already known."""
+    def claim(self, records: list[tuple[str, dict[str, Any]]]) -> list[bool]:
+        """Create the records of new jobs ((job id, submit-time fields), in order) in one
+        round trip; False for an id that is already known, or repeated in ``records``."""
         script = self.r.register_script(self._CLAIM)
         pipe = self.r.pipeline(transaction=False)
-        for job_id, fields in records.items():
+        for job_id, fields in records:
             flat = [x for k, v in fields.items() for x in (k, _enc(v))]
             script(keys=[job_key(job_id)], args=[self.ttl_s, *flat], client=pipe)
         return [bool(created) for created in pipe.execute()]
@@ -131,6 +131,11 @@ class JobStore:
             pipe.hmget(job_key(job_id), "final", "result", "error")
             final = _final(pipe.execute()[-1])
         return final
+
+    def release(self, job_ids: list[str]) -> None:
+        """Drop records claimed for jobs that were never enqueued, so a retry can submit them."""
+        if job_ids:
+            self.r.delete(*[job_key(j) for j in job_ids])
 
     def exists(self, job_id: str) -> bool:
         return bool(self.r.exists(job_key(job_id)))

@@ -21,8 +21,8 @@ def store(redis_url):
 
 def test_first_outcome_wins_and_later_deliveries_see_it(store):
     job = uuid.uuid4().hex
-    assert store.claim({job: {"model": "m"}}) == [True]
-    assert store.claim({job: {"model": "m"}}) == [False]
+    assert store.claim([(job, {"model": "m"}), (job, {"model": "m"})]) == [True, False]
+    assert store.claim([(job, {"model": "m"})]) == [False]
     assert store.begin(job, "w1") == (1, False, None)
     assert store.finish(job, "completed", {"text": "first"})
     assert not store.finish(job, "completed", {"text": "second"})
@@ -32,14 +32,21 @@ def test_first_outcome_wins_and_later_deliveries_see_it(store):
 
 def test_begin_sees_a_cancel_that_came_while_queued(store):
     job = uuid.uuid4().hex
-    store.claim({job: {}})
+    store.claim([(job, {})])
     store.request_cancel(job)
     assert store.begin(job, "w1") == (1, True, None)
 
 
+def test_released_records_can_be_claimed_again(store):
+    job = uuid.uuid4().hex
+    assert store.claim([(job, {})]) == [True]
+    store.release([job])
+    assert store.claim([(job, {})]) == [True]
+
+
 def test_every_waiter_wakes_when_the_job_finishes(store):
     job = uuid.uuid4().hex
-    store.claim({job: {}})
+    store.claim([(job, {})])
     got: list = []
     waiters = [threading.Thread(target=lambda: got.append(store.wait(job, timeout=20))) for _ in range(3)]
     for w in waiters:

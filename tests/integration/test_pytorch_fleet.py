@@ -147,4 +147,7 @@ def test_resubmitting_a_job_id_does_not_run_it_twice(client, pytorch_worker):
     first = client.submit(job).result(timeout=120)
     second = client.submit(job).result(timeout=120)
     assert first == second
+    twice = client.submit_many([{**job, "id": "idempotent-2"}, {**job, "id": "idempotent-2"}])
+    assert [h.result(timeout=120).id for h in twice] == ["idempotent-2", "idempotent-2"]
     assert client.record("idempotent-1")["attempts"] == "1"
+    assert client.record("idempotent-2")["attempts"] == "1"
