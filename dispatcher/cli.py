@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from typing import Annotated, Optional
 
 import typer
@@ -64,6 +65,15 @@ def _client():
         console.print("[red]no broker:[/] set REDIS_URL, or start the embedded one with `ib broker`")
         raise typer.Exit(2)
     return Client(url)
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (kill, a supervisor) unwinds like Ctrl-C, so what a command started stops too."""
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def _fail(exc: JobError) -> None:
@@ -191,6 +201,7 @@ def broker(port: int = 16379) -> None:
 
     from dispatcher.broker import EmbeddedBroker
 
+    stop_on_sigterm()
     with EmbeddedBroker(port=port) as b:
         console.print(f"embedded Valkey at {b.url} (data: {b.data_dir}); Ctrl-C stops it")
         try:
@@ -208,6 +219,7 @@ def demo(
     """Start a broker (unless REDIS_URL is set) and a PyTorch worker, run real prompts, stop everything."""
     from dispatcher.demo import run_demo
 
+    stop_on_sigterm()
     raise typer.Exit(run_demo(prompts, max_tokens))
 
 

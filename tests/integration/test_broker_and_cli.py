@@ -62,3 +62,26 @@ def test_ib_submit_and_workers_against_a_live_worker(redis_url, pytorch_worker):
     out = ib("submit", "-m", "What is the capital of France?", "--max-tokens", "12", redis_url=redis_url)
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout and "pytorch" in out.stdout and "TTFT" in out.stdout
+
+
+def test_ib_broker_stops_its_server_on_sigterm(tmp_path):
+    import signal
+    import socket
+    import time
+
+    from dispatcher.broker import pings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "IB_DATA_DIR": str(tmp_path)}
+    env.pop("REDIS_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher.cli", "broker", "--port", str(port)], env=env)
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 30
+    while not pings(url) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pings(url)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert not pings(url)  # the Valkey server went with it
