@@ -25,6 +25,9 @@ class SilentEngine(Engine):
     def submit(self, request: EngineRequest) -> None:
         self.requests.append(request)
 
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(chr(ord("a") + t % 26) for t in token_ids)
+
 
 def test_time_limit_raises_timeout_and_marks_the_request_aborted():
     engine = SilentEngine(SPEC, {}, threads=1)
@@ -42,3 +45,14 @@ def test_context_overflow_counts_prompt_plus_max_tokens():
         engine.generate(GenerationJob(model="m", prompt="x" * 30, sampling={"max_tokens": 3}))
     assert info.value.details == {"context_length": 32, "prompt_tokens": 30, "max_tokens": 3}
     assert not engine.requests  # refused before it reached the scheduler
+
+
+def test_deliver_drops_eos_and_cuts_at_the_first_stop_string():
+    engine = SilentEngine(SPEC, {}, threads=1)
+    engine.eos_ids = [25]
+    job = GenerationJob(model="m", prompt="x", sampling={"stop": ["d", "c"]})
+    req = EngineRequest(job_id=job.id, prompt_ids=[1, 2], sampling=job.sampling, tokens=[0, 1, 2, 3, 25])
+    req.finish_reason = "stop"
+    engine.deliver(req)
+    out = req.future.result(timeout=1)
+    assert out.text == "ab" and out.token_ids == [0, 1, 2, 3, 25] and out.prompt_tokens == 2

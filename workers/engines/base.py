@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -18,6 +19,7 @@ from typing import Any, Callable
 
 from dispatcher.jobs import ContextOverflowError, EngineError, GenerationJob, JobTimeoutError, SamplingParams
 from dispatcher.registry import ModelSpec
+from workers.engines.decoding import first_stop
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,37 @@ class Engine(ABC):
     @abstractmethod
     def submit(self, request: EngineRequest) -> None:
         """Hand a request to the scheduler; it completes ``request.future``."""
+
+    @abstractmethod
+    def decode(self, token_ids: list[int]) -> str:
+        """Generated token ids as text (special tokens skipped)."""
+
+    eos_ids: list[int] = []
+
+    def deliver(self, r: EngineRequest) -> None:
+        """Complete a request with its text: EOS dropped, cut before the first stop string."""
+        text = self.decode([t for t in r.tokens if t not in self.eos_ids])
+        cut = first_stop(text, r.sampling.stop)
+        r.future.set_result(
+            EngineOutput(
+                token_ids=list(r.tokens),
+                text=text if cut is None else text[:cut],
+                finish_reason=r.finish_reason or "length",
+                prompt_tokens=len(r.prompt_ids),
+                first_token_at=r.first_token_at,
+                finished_at=time.time(),
+            )
+        )
+
+    def drop_cancelled(self, batch: list[EngineRequest]) -> list[EngineRequest]:
+        """Answer the requests cancelled (or given up on) while they waited for a batch;
+        returns the rest."""
+        cancelled = self.cancelled([r.job_id for r in batch])
+        for r in batch:
+            if r.job_id in cancelled or r.aborted:
+                r.finish_reason = "cancelled"
+                self.deliver(r)
+        return [r for r in batch if not r.future.done()]
 
     def check_context(self, job: GenerationJob, prompt_ids: list[int]) -> None:
         need = len(prompt_ids) + job.sampling.max_tokens

@@ -13,68 +13,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Hashable
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria
 
 from dispatcher.jobs import GenerationJob
 from workers.batching import BatchQueue
-from workers.engines.base import Engine, EngineOutput, EngineRequest, fail_requests
+from workers.engines.base import Engine, EngineRequest, fail_requests
+from workers.engines.decoding import BatchProgress, batch_key
 
 log = logging.getLogger(__name__)
-
-
-def first_stop(text: str, stops: list[str]) -> int | None:
-    """Where the earliest stop string starts in ``text``, if any appeared."""
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else None
-
-
-def batch_key(request: EngineRequest) -> Hashable:
-    """Requests that can share one ``generate`` call: same sampling; a seeded one runs alone."""
-    s = request.sampling
-    if s.greedy:
-        return ("greedy",)
-    return ("sample", s.temperature, s.top_p, s.seed if s.seed is None else (s.seed, request.job_id))
 
 
 class BatchMonitor(StoppingCriteria):
     """Called by ``generate`` after every decoding step with the whole batch's ids."""
 
-    def __init__(self, engine: "PyTorchEngine", requests: list[EngineRequest]) -> None:
-        self.engine = engine
-        self.requests = requests
-        self.done = [False] * len(requests)
-        self.eos = set(engine.eos_ids)
+    def __init__(self, progress: BatchProgress) -> None:
+        self.progress = progress
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        t = time.time()
-        last = input_ids[:, -1].tolist()
-        for i, (req, tok) in enumerate(zip(self.requests, last)):
-            if self.done[i]:
-                continue
-            req.tokens.append(tok)
-            if req.first_token_at is None:
-                req.first_token_at = t
-            if tok in self.eos:
-                self._finish(i, "stop")
-            elif req.sampling.stop and self.engine.stop_index(req) is not None:
-                self._finish(i, "stop")
-            elif len(req.tokens) >= req.sampling.max_tokens:
-                self._finish(i, "length")
-        running = [r.job_id for r, d in zip(self.requests, self.done) if not d]
-        cancelled = self.engine.cancelled(running)
-        for i, req in enumerate(self.requests):
-            if not self.done[i] and (req.job_id in cancelled or req.aborted):
-                self._finish(i, "cancelled")
-        return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
-
-    def _finish(self, i: int, reason: str) -> None:
-        # A row that is done is answered now, not when the batch's longest row ends.
-        self.done[i] = True
-        self.requests[i].finish_reason = reason
-        self.engine._deliver(self.requests[i])
+        done = self.progress.step(input_ids[:, -1].tolist())
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 class PyTorchEngine(Engine):
@@ -125,8 +85,8 @@ class PyTorchEngine(Engine):
     def submit(self, request: EngineRequest) -> None:
         self.queue.put(request)
 
-    def stop_index(self, request: EngineRequest) -> int | None:
-        return first_stop(self.tokenizer.decode(request.tokens, skip_special_tokens=True), request.sampling.stop)
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     # ---------------------------------------------------------- scheduler
 
@@ -139,13 +99,7 @@ class PyTorchEngine(Engine):
                 fail_requests(batch, exc)
 
     def _run_batch(self, batch: list[EngineRequest]) -> None:
-        # Jobs cancelled while they waited never reach the model.
-        cancelled = self.cancelled([r.job_id for r in batch])
-        gone = [r for r in batch if r.job_id in cancelled or r.aborted]
-        for r in gone:
-            r.finish_reason = "cancelled"
-            self._deliver(r)
-        batch = [r for r in batch if r not in gone]
+        batch = self.drop_cancelled(batch)  # cancelled while waiting: never reaches the model
         if not batch:
             return
         width = max(len(r.prompt_ids) for r in batch)
@@ -166,32 +120,12 @@ class PyTorchEngine(Engine):
         )
         if s.seed is not None:
             torch.manual_seed(s.seed)
-        monitor = BatchMonitor(self, batch)
+        progress = BatchProgress(self, batch)
         with torch.inference_mode():
             self.hf_model.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 generation_config=config,
-                stopping_criteria=[monitor],
+                stopping_criteria=[BatchMonitor(progress)],
             )
-        for r in batch:
-            if not r.future.done():  # rows the monitor did not end (generate's own limit)
-                r.finish_reason = r.finish_reason or "length"
-                self._deliver(r)
-
-    def _deliver(self, r: EngineRequest) -> None:
-        tokens = [t for t in r.tokens if t not in self.eos_ids]
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        cut = first_stop(text, r.sampling.stop)
-        if cut is not None:
-            text = text[:cut]
-        r.future.set_result(
-            EngineOutput(
-                token_ids=list(r.tokens),
-                text=text,
-                finish_reason=r.finish_reason or "length",
-                prompt_tokens=len(r.prompt_ids),
-                first_token_at=r.first_token_at,
-                finished_at=time.time(),
-            )
-        )
+        progress.finish_rest()
