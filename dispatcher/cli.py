@@ -182,6 +182,7 @@ def worker(
     concurrency: Annotated[Optional[int], typer.Option(help="jobs in flight (default: what the engine wants)")] = None,
     worker_id: Annotated[Optional[str], typer.Option(help="stable id (default: backend-kind-host-pid)")] = None,
     cpu: Annotated[bool, typer.Option("--cpu", help="run on the CPU even if a GPU is present")] = False,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="artifact format to serve, e.g. onnx-int4")] = None,
     loglevel: str = "INFO",
 ) -> None:
     """Start a worker: load one engine, heartbeat, consume ib.<backend>."""
@@ -191,7 +192,12 @@ def worker(
     if not settings.redis_url():
         console.print("[red]no broker:[/] set REDIS_URL, or start the embedded one with `ib broker`")
         raise typer.Exit(2)
-    run_worker(backend, model, threads=threads, concurrency=concurrency, worker_id=worker_id, use_gpu=False if cpu else None, loglevel=loglevel)
+    try:
+        run_worker(backend, model, threads=threads, concurrency=concurrency, worker_id=worker_id,
+                   use_gpu=False if cpu else None, fmt=fmt, loglevel=loglevel)  # fmt: skip
+    except (FileNotFoundError, NotImplementedError, JobError) as exc:
+        console.print(f"[red]worker not started:[/] {exc}")
+        raise typer.Exit(2) from None
 
 
 @app.command()

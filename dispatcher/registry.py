@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from dispatcher import settings
 from dispatcher.jobs import UnknownModelError
 
-FORMATS = ("gguf", "hf", "onnx")
+FORMATS = ("gguf", "hf", "onnx", "onnx-int4")
 
 
 class Artifact(BaseModel):
@@ -27,6 +27,7 @@ class Artifact(BaseModel):
 class Derivation(BaseModel):
     from_: str = Field(alias="from")
     dtype: str = "float32"
+    precision: str | None = None  # ONNX builder precision: fp32 | fp16 | int4
 
 
 class ModelSpec(BaseModel):

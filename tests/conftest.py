@@ -54,6 +54,13 @@ def hf_dir(registry) -> Path:
 
 
 @pytest.fixture(scope="session")
+def onnx_dir(registry, hf_dir) -> Path:
+    from workers.model_prep import prepare
+
+    return prepare(registry.get("smollm2-135m"), "onnx")
+
+
+@pytest.fixture(scope="session")
 def reference(hf_dir):
     """transformers called directly, in this process: the ground truth for greedy output."""
     import torch

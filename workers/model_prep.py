@@ -1,5 +1,8 @@
 """Derive the formats a model lacks from the one it ships in, cached on disk.
 
+HF safetensors → ONNX (fp32, int4): onnxruntime-genai's model builder, run as a
+subprocess.
+
 GGUF → HF safetensors: transformers de-quantizes the GGUF; the result is flagged as
 quantized and refuses ``save_pretrained``, so its weights are copied into a fresh model
 built from the same config, then saved with the tokenizer (and its chat template). The
@@ -12,10 +15,12 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from dispatcher.registry import ModelSpec
+from dispatcher.registry import Derivation, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +36,7 @@ def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
         return target
     source_fmt = spec.derive[fmt].from_
     source = prepare(spec, source_fmt)
-    builders = {("gguf", "hf"): _gguf_to_hf}
+    builders = {("gguf", "hf"): _gguf_to_hf, ("hf", "onnx"): _hf_to_onnx, ("hf", "onnx-int4"): _hf_to_onnx}
     build = builders.get((source_fmt, fmt))
     if build is None:
         raise NotImplementedError(f"deriving {fmt} from {source_fmt} is not implemented yet")
@@ -39,7 +44,7 @@ def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     t0 = time.monotonic()
-    build(source, staging, spec.derive[fmt].dtype)
+    build(source, staging, spec.derive[fmt])
     (staging / ".complete").write_text(
         json.dumps({"from": str(source), "source_bytes": source.stat().st_size, "seconds": round(time.monotonic() - t0, 1)})
     )
@@ -49,11 +54,11 @@ def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
     return target
 
 
-def _gguf_to_hf(gguf: Path, out: Path, dtype_name: str) -> None:
+def _gguf_to_hf(gguf: Path, out: Path, how: Derivation) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = getattr(torch, dtype_name)
+    dtype = getattr(torch, how.dtype)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
     config = quantized.config
@@ -65,3 +70,17 @@ def _gguf_to_hf(gguf: Path, out: Path, dtype_name: str) -> None:
     model.generation_config = quantized.generation_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def _hf_to_onnx(hf: Path, out: Path, how: Derivation) -> None:
+    """onnxruntime-genai's model builder (not optimum: it mis-reads this model's RoPE)."""
+    cache = out.parent / f".{out.name}.builder-cache"
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
+           "-p", how.precision or "fp32", "-e", "cpu", "-c", str(cache)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"ONNX export failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+    from workers.engines.onnx import check_onnx_folder
+
+    check_onnx_folder(out)

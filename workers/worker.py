@@ -43,6 +43,7 @@ def run_worker(
     concurrency: int | None = None,
     worker_id: str | None = None,
     use_gpu: bool | None = None,
+    fmt: str | None = None,
     loglevel: str = "INFO",
 ) -> None:
     """Blocks until the worker is shut down (SIGTERM / SIGINT: warm shutdown)."""
@@ -63,6 +64,7 @@ def run_worker(
         **backend_spec.engine_config(),
         "max_model_len": spec.context_length,
         "device": "cuda" if hw.kind == "gpu" else "cpu",
+        "format": fmt or next((f for f in backend_spec.formats if f in spec.formats()), backend_spec.formats[0]),
     }
     worker_id = worker_id or default_worker_id(backend, hw.kind)
     threads = threads or hw.cpu_cores

@@ -8,9 +8,14 @@ from dispatcher.jobs import UnknownModelError
 from dispatcher.registry import ModelRegistry, resolve_source
 
 
-def test_smollm2_is_registered_with_its_gguf_and_a_derivable_hf():
+def test_smollm2_is_registered_with_its_gguf_and_derivable_hf_and_onnx():
     spec = ModelRegistry.from_config().get("smollm2-135m")
-    assert spec.formats() == {"gguf": "artifact", "hf": "derived from gguf"}
+    assert spec.formats() == {
+        "gguf": "artifact",
+        "hf": "derived from gguf",
+        "onnx": "derived from hf",
+        "onnx-int4": "derived from hf",
+    }
     gguf = spec.artifact_path("gguf")
     assert gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert gguf.read_bytes()[:4] == b"GGUF"

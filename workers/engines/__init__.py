@@ -9,7 +9,10 @@ from dispatcher.jobs import BACKENDS, UnknownBackendError
 from workers.engines.base import CancelSource, Engine, never_cancelled
 from dispatcher.registry import ModelSpec
 
-ENGINE_CLASSES = {"pytorch": "workers.engines.pytorch:PyTorchEngine"}
+ENGINE_CLASSES = {
+    "pytorch": "workers.engines.pytorch:PyTorchEngine",
+    "onnx": "workers.engines.onnx:OnnxEngine",
+}
 
 
 def create_engine(

@@ -1,0 +1,80 @@
+"""The ONNX Runtime worker: greedy parity with transformers, dynamic batches, the CPU branch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import start_worker
+from dispatcher.jobs import ContextOverflowError
+from dispatcher.settings import config_dir
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m"
+PROMPTS = ["What is the capital of France?", "Name three primary colors.", "Write one sentence about cats and dogs playing."]
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def onnx_worker(redis_url, onnx_dir):
+    worker = start_worker(redis_url, "onnx", extra_args=["--threads=1"])
+    yield worker
+    worker.stop()
+
+
+def test_greedy_fp32_equals_transformers_alone_and_in_a_dynamic_batch(client, onnx_worker, reference):
+    expected = [reference(chat(p), 24) for p in PROMPTS]
+    for p, exp in zip(PROMPTS, expected):
+        r = client.submit(model=MODEL, messages=chat(p), sampling={"max_tokens": 24}, backend="onnx").result(timeout=120)
+        assert r.backend == "onnx" and r.worker == onnx_worker.worker_id
+        assert r.token_ids == exp, p
+    # mixed-length prompts arriving together share one right-padded batch
+    handles = client.submit_many({"model": MODEL, "messages": chat(p), "sampling": {"max_tokens": 24}, "backend": "onnx"}
+                                 for p in PROMPTS)  # fmt: skip
+    results = [h.result(timeout=120) for h in handles]
+    assert len({r.timings.first_token for r in results}) < len(results)  # batched
+    assert [r.token_ids for r in results] == expected
+
+
+def test_the_cpu_branch_routes_by_latency_target(client, onnx_worker):
+    fast = client.submit(model=MODEL, messages=chat("Hi"), sampling={"max_tokens": 4}, slo={"latency_target_ms": 50})
+    assert fast.selection.tree_choice == "onnx" and fast.backend == "onnx"
+    assert fast.result(timeout=60).worker == onnx_worker.worker_id
+    # a looser target: the tree says llama.cpp; no llama.cpp worker is live, so the
+    # fallback policy takes the next live backend in its order (onnx)
+    loose = client.explain(model=MODEL, messages=chat("Hi"), slo={"latency_target_ms": 500})
+    assert loose.tree_choice == "llamacpp" and loose.backend == "onnx"
+    assert loose.path[-1].answer == "fallback onnx"
+
+
+def test_context_overflow_is_typed_and_the_worker_keeps_serving(client, onnx_worker):
+    handle = client.submit(model=MODEL, prompt="lorem ipsum dolor sit amet " * 500, sampling={"max_tokens": 8}, backend="onnx")
+    with pytest.raises(ContextOverflowError):
+        handle.result(timeout=60)
+    ok = client.submit(model=MODEL, messages=chat("Say hello."), sampling={"max_tokens": 4}, backend="onnx")
+    assert ok.result(timeout=60).status == "completed"
+
+
+def test_a_worker_with_an_incomplete_onnx_folder_refuses_to_start(tmp_path, redis_url, onnx_dir):
+    broken = tmp_path / "onnx"
+    broken.mkdir()
+    shutil.copy(onnx_dir / "genai_config.json", broken)  # no model.onnx, no tokenizer
+    cfg = tmp_path / "config"
+    shutil.copytree(config_dir(), cfg)
+    models = yaml.safe_load((cfg / "models.yaml").read_text())
+    models["models"][MODEL]["artifacts"]["onnx"] = {"source": str(broken)}
+    (cfg / "models.yaml").write_text(yaml.safe_dump(models))
+    env = {**os.environ, "IB_CONFIG_DIR": str(cfg), "REDIS_URL": redis_url, "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "dispatcher.cli", "worker", "--backend", "onnx"],
+                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2
+    assert "missing model.onnx, tokenizer.json" in out.stdout
