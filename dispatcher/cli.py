@@ -219,10 +219,10 @@ def broker(port: int = 16379) -> None:
 
 @app.command()
 def demo(
-    prompts: Annotated[int, typer.Option(help="how many demo prompts to run")] = 5,
+    prompts: Annotated[int, typer.Option(help="how many demo prompts to run")] = 6,
     max_tokens: MaxTokOpt = 48,
 ) -> None:
-    """Start a broker (unless REDIS_URL is set) and a PyTorch worker, run real prompts, stop everything."""
+    """Start a broker (unless REDIS_URL is set), a PyTorch and an ONNX worker, run real prompts, stop everything."""
     from dispatcher.demo import run_demo
 
     stop_on_sigterm()
@@ -268,7 +268,7 @@ def print_results(results: list[JobResult], prompts: list[str] | None = None) ->
         ttft = r.timings.ttft_s
         path = " → ".join(f"{s.check} {s.answer}" for s in r.path if s.check != "formats")
         if prompts:
-            console.print(f"[bold][{i}] {escape(prompts[i - 1])}[/]")
+            console.print(f"[bold][{i}][/] {prompts[i - 1]}")
         console.print(f"    [green]{escape(r.text.strip())}[/]")
         console.print(
             f"    {r.backend} on {r.worker} · queue wait {r.timings.queue_wait_s * 1000:.0f} ms · "

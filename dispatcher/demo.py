@@ -26,7 +26,16 @@ DEMO_PROMPTS = [
 ]
 
 
-def run_demo(n_prompts: int = 5, max_tokens: int = 48) -> int:
+# The backends that run on a CPU-only machine today, and how the demo's jobs reach them.
+DEMO_BACKENDS = ("pytorch", "onnx")
+DEMO_ROUTES = [
+    ("interactive: latency target 50 ms", {"slo": {"latency_target_ms": 50}}),
+    ("no SLO: the fleet default", {}),
+    ("backend override: pytorch", {"backend": "pytorch"}),
+]
+
+
+def run_demo(n_prompts: int = 6, max_tokens: int = 48) -> int:
     from dispatcher.cli import print_results
     from dispatcher.client import Client
     from dispatcher.registry import ModelRegistry
@@ -41,32 +50,36 @@ def run_demo(n_prompts: int = 5, max_tokens: int = 48) -> int:
         console.print(f"[bold]broker[/]: embedded Valkey {broker.server.port} (append-only, {broker.data_dir})")
     else:
         console.print(f"[bold]broker[/]: REDIS_URL {url.split('@')[-1]}")
-    worker = None
+    workers: list[WorkerProcess] = []
     try:
         spec = ModelRegistry.from_config().get("smollm2-135m")
-        with console.status("preparing SmolLM2-135M-Instruct (GGUF → HF safetensors, cached after the first run)..."):
-            path = prepare(spec, "hf")
-        console.print(f"[bold]model[/]: {spec.display_name} at {path}")
-        worker = WorkerProcess("pytorch", url).start()
-        with console.status(f"starting PyTorch eager worker {worker.worker_id} (log: {worker.log_path})..."):
-            worker.wait_ready(timeout=300)
-        console.print(f"[bold]worker[/]: {worker.worker_id} ready")
+        for fmt, what in (("hf", "GGUF → HF safetensors"), ("onnx", "HF → ONNX fp32")):
+            with console.status(f"preparing SmolLM2-135M-Instruct ({what}, cached after the first run)..."):
+                path = prepare(spec, fmt)
+            console.print(f"[bold]model[/]: {spec.display_name} {fmt} at {path}")
+        workers = [WorkerProcess(backend, url, extra_args=["--threads=1"]).start() for backend in DEMO_BACKENDS]
+        for worker in workers:
+            with console.status(f"starting {worker.backend} worker {worker.worker_id} (log: {worker.log_path})..."):
+                worker.wait_ready(timeout=300)
+            console.print(f"[bold]worker[/]: {worker.backend} {worker.worker_id} ready")
         prompts = (DEMO_PROMPTS * (1 + n_prompts // len(DEMO_PROMPTS)))[:n_prompts]
+        jobs = [
+            {"model": "smollm2-135m", "messages": [{"role": "user", "content": p}], "sampling": {"max_tokens": max_tokens},
+             **DEMO_ROUTES[i % len(DEMO_ROUTES)][1]}
+            for i, p in enumerate(prompts)
+        ]  # fmt: skip
+        labels = [f"{p}  [dim]({DEMO_ROUTES[i % len(DEMO_ROUTES)][0]})[/]" for i, p in enumerate(prompts)]
         with Client(url) as client:
-            handles = client.submit_many(
-                {"model": "smollm2-135m", "messages": [{"role": "user", "content": p}], "sampling": {"max_tokens": max_tokens}}
-                for p in prompts
-            )
-            console.print("[bold]decision[/]: " + handles[0].selection.render_path())
+            handles = client.submit_many(jobs)
             with console.status(f"{len(handles)} jobs in flight..."):
                 results = [h.result(timeout=600) for h in handles]
-        print_results(results, prompts)
+        print_results(results, labels)
         return 0
     except Exception as exc:  # noqa: BLE001 - the demo reports, then cleans up
         console.print(f"[red]demo failed:[/] {exc}")
         return 1
     finally:
-        if worker:
+        for worker in workers:
             worker.stop()
         if broker:
             broker.stop()
