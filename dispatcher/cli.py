@@ -208,13 +208,13 @@ def broker(port: int = 16379) -> None:
     from dispatcher.broker import EmbeddedBroker
 
     stop_on_sigterm()
-    with EmbeddedBroker(port=port) as b:
-        console.print(f"embedded Valkey at {b.url} (data: {b.data_dir}); Ctrl-C stops it")
-        try:
+    try:
+        with EmbeddedBroker(port=port) as b:
+            console.print(f"embedded Valkey at {b.url} (data: {b.data_dir}); Ctrl-C stops it")
             while b.running:
                 time.sleep(1)
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        pass  # the with-block has stopped the server
 
 
 @app.command()
