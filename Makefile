@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test unit integration bench clean
+.PHONY: install demo test unit integration bench bench-cpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ integration: install
 
 bench: install
 	$(PY) bench/fleet_overhead.py
+
+bench-cpu: install
+	$(PY) bench/cpu_backends.py
 
 clean:
 	rm -rf $(VENV) test-artifacts bench/results
