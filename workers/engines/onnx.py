@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,9 @@ import numpy as np
 import onnxruntime_genai as og
 from transformers import AutoTokenizer
 
-from dispatcher.jobs import GenerationJob
-from workers.batching import BatchQueue
-from workers.engines.base import Engine, EngineRequest, fail_requests
-from workers.engines.decoding import BatchProgress, batch_key
+from workers.engines.base import EngineRequest
+from workers.engines.batched import BatchedEngine
+from workers.engines.decoding import BatchProgress
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +35,17 @@ def check_onnx_folder(path: Path) -> None:
         raise FileNotFoundError(f"ONNX model folder {path} is missing {', '.join(missing)}")
 
 
-class OnnxEngine(Engine):
+class OnnxEngine(BatchedEngine):
     backend = "onnx"
+    batching = "dynamic"
+    default_batch_size = 16
+    default_max_wait_ms = 10.0
 
     def load(self) -> None:
         self.format = self.config.get("format", "onnx")
         path = self.model.artifact_path(self.format)
         check_onnx_folder(path)
         t0 = time.monotonic()
-        self.batch_size = int(self.config.get("batch_size", 16))
-        self.max_wait_s = float(self.config.get("max_wait_ms", 10)) / 1000
         cfg = og.Config(str(path))
         cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": self.threads}}}}))
         self.og_model = og.Model(cfg)
@@ -55,50 +54,13 @@ class OnnxEngine(Engine):
         self.eos_ids = list(eos) if isinstance(eos, list) else [eos]
         self.pad_id = int(genai.get("pad_token_id", self.eos_ids[0]))
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.queue: BatchQueue[EngineRequest] = BatchQueue(batch_key)
-        self._thread = threading.Thread(target=self._loop, name="onnx-scheduler", daemon=True)
-        self._thread.start()
+        self.start_scheduler()
         log.info("onnx engine: %s (%s), %d threads, loaded in %.1f s", self.model.name, self.format, self.threads, time.monotonic() - t0)
 
-    def close(self) -> None:
-        if hasattr(self, "queue"):
-            self.queue.close()
-            self._thread.join(timeout=30)
-
-    @property
-    def capacity(self) -> int:
-        return 2 * int(self.config.get("batch_size", 16))
-
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "format": self.config.get("format", "onnx"), "batching": "dynamic",
-                "batch_size": self.config.get("batch_size", 16), "max_wait_ms": self.config.get("max_wait_ms", 10)}  # fmt: skip
+        return {**super().describe(), "format": self.config.get("format", "onnx")}
 
-    def encode(self, job: GenerationJob) -> list[int]:
-        if job.messages is not None:
-            text = self.tokenizer.apply_chat_template(
-                [m.model_dump() for m in job.messages], tokenize=False, add_generation_prompt=True
-            )
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer(job.prompt)["input_ids"]
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-    def submit(self, request: EngineRequest) -> None:
-        self.queue.put(request)
-
-    def _loop(self) -> None:
-        while (batch := self.queue.next_batch(self.batch_size, self.max_wait_s)) is not None:
-            try:
-                self._run_batch(batch)
-            except Exception as exc:  # noqa: BLE001 - a bad batch must not stop the engine
-                log.exception("batch of %d failed", len(batch))
-                fail_requests(batch, exc)
-
-    def _run_batch(self, batch: list[EngineRequest]) -> None:
-        batch = self.drop_cancelled(batch)
-        if not batch:
-            return
+    def run_batch(self, batch: list[EngineRequest]) -> None:
         width = max(len(r.prompt_ids) for r in batch)
         ids = np.full((len(batch), width), self.pad_id, dtype=np.int32)
         for i, r in enumerate(batch):

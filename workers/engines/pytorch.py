@@ -11,17 +11,15 @@ rest of its batch decodes on.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria
 
-from dispatcher.jobs import GenerationJob
-from workers.batching import BatchQueue
-from workers.engines.base import Engine, EngineRequest, fail_requests
-from workers.engines.decoding import BatchProgress, batch_key
+from workers.engines.base import EngineRequest
+from workers.engines.batched import BatchedEngine
+from workers.engines.decoding import BatchProgress
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +35,11 @@ class BatchMonitor(StoppingCriteria):
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
-class PyTorchEngine(Engine):
+class PyTorchEngine(BatchedEngine):
     backend = "pytorch"
+    batching = "static"
+    default_batch_size = 8
+    default_max_wait_ms = 20.0
 
     def load(self) -> None:
         path = self.model.artifact_path("hf")
@@ -52,56 +53,13 @@ class PyTorchEngine(Engine):
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.batch_size = int(self.config.get("batch_size", 8))
-        self.max_wait_s = float(self.config.get("max_wait_ms", 20)) / 1000
-        self.queue: BatchQueue[EngineRequest] = BatchQueue(batch_key)
-        self._thread = threading.Thread(target=self._loop, name="pytorch-scheduler", daemon=True)
-        self._thread.start()
+        self.start_scheduler()
         log.info("pytorch engine: %s on %s, %d threads, loaded in %.1f s", self.model.name, self.device, self.threads, time.monotonic() - t0)
 
-    def close(self) -> None:
-        if hasattr(self, "queue"):
-            self.queue.close()
-            self._thread.join(timeout=30)
-
-    @property
-    def capacity(self) -> int:
-        # One batch decoding and one filling up behind it.
-        return 2 * int(self.config.get("batch_size", 8))
-
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "device": getattr(self, "device", "cpu"), "batching": "static", "batch_size": self.config.get("batch_size", 8)}
+        return {**super().describe(), "device": getattr(self, "device", "cpu")}
 
-    # ---------------------------------------------------------- requests
-
-    def encode(self, job: GenerationJob) -> list[int]:
-        if job.messages is not None:
-            text = self.tokenizer.apply_chat_template(
-                [m.model_dump() for m in job.messages], tokenize=False, add_generation_prompt=True
-            )
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer(job.prompt)["input_ids"]
-
-    def submit(self, request: EngineRequest) -> None:
-        self.queue.put(request)
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-    # ---------------------------------------------------------- scheduler
-
-    def _loop(self) -> None:
-        while (batch := self.queue.next_batch(self.batch_size, self.max_wait_s)) is not None:
-            try:
-                self._run_batch(batch)
-            except Exception as exc:  # noqa: BLE001 - a bad batch must not stop the engine
-                log.exception("batch of %d failed", len(batch))
-                fail_requests(batch, exc)
-
-    def _run_batch(self, batch: list[EngineRequest]) -> None:
-        batch = self.drop_cancelled(batch)  # cancelled while waiting: never reaches the model
-        if not batch:
-            return
+    def run_batch(self, batch: list[EngineRequest]) -> None:
         width = max(len(r.prompt_ids) for r in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)

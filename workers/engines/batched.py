@@ -1,0 +1,85 @@
+"""What the engines that batch jobs themselves share: an HF tokenizer for chat templates,
+a BatchQueue, and one scheduler thread that runs batch after batch.
+
+Static batching (PyTorch eager) and dynamic batching (ONNX Runtime) are the same loop
+with different defaults: how many jobs a batch takes and how long its first job waits
+for company (``batch_size``, ``max_wait_ms`` in config/backends.yaml).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import abstractmethod
+from typing import Any
+
+from dispatcher.jobs import GenerationJob
+from workers.batching import BatchQueue
+from workers.engines.base import Engine, EngineRequest, fail_requests
+from workers.engines.decoding import batch_key
+
+log = logging.getLogger(__name__)
+
+
+class BatchedEngine(Engine):
+    batching = "static"
+    default_batch_size = 8
+    default_max_wait_ms = 20.0
+
+    tokenizer: Any  # a transformers tokenizer, set by the subclass's load()
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.config.get("batch_size", self.default_batch_size))
+
+    @property
+    def max_wait_s(self) -> float:
+        return float(self.config.get("max_wait_ms", self.default_max_wait_ms)) / 1000
+
+    @property
+    def capacity(self) -> int:
+        # One batch decoding and one filling up behind it.
+        return 2 * self.batch_size
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "batching": self.batching, "batch_size": self.batch_size,
+                "max_wait_ms": self.max_wait_s * 1000}  # fmt: skip
+
+    def start_scheduler(self) -> None:
+        """Call at the end of load(), once the model is ready."""
+        self.queue: BatchQueue[EngineRequest] = BatchQueue(batch_key)
+        self._thread = threading.Thread(target=self._loop, name=f"{self.backend}-scheduler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if hasattr(self, "queue"):
+            self.queue.close()
+            self._thread.join(timeout=30)
+
+    def encode(self, job: GenerationJob) -> list[int]:
+        if job.messages is not None:
+            text = self.tokenizer.apply_chat_template(
+                [m.model_dump() for m in job.messages], tokenize=False, add_generation_prompt=True
+            )
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(job.prompt)["input_ids"]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def submit(self, request: EngineRequest) -> None:
+        self.queue.put(request)
+
+    def _loop(self) -> None:
+        while (batch := self.queue.next_batch(self.batch_size, self.max_wait_s)) is not None:
+            try:
+                batch = self.drop_cancelled(batch)  # cancelled while waiting: never reaches the model
+                if batch:
+                    self.run_batch(batch)
+            except Exception as exc:  # noqa: BLE001 - a bad batch must not stop the engine
+                log.exception("batch of %d failed", len(batch))
+                fail_requests(batch, exc)
+
+    @abstractmethod
+    def run_batch(self, batch: list[EngineRequest]) -> None:
+        """Decode one batch; every request's future must be completed (BatchProgress does)."""
