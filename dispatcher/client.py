@@ -29,7 +29,6 @@ from dispatcher.jobs import (
     JobTimeoutError,
     PathStep,
     UnknownBackendError,
-    UnknownJobError,
     parse_job,
 )
 from dispatcher.jobstore import JobStore
@@ -157,8 +156,6 @@ class Client:
 
         A cancelled job returns its partial result (status ``cancelled``), or with
         ``raise_on_cancel`` raises JobCancelledError carrying that result in ``details``."""
-        if not self.store.exists(job_id):
-            raise UnknownJobError(f"unknown job {job_id!r} (never submitted, or its record expired)", {"job_id": job_id})
         final = self.store.wait(job_id, timeout=timeout)
         if final is None:
             raise JobTimeoutError(f"job {job_id} not finished after {timeout} s", {"job_id": job_id})

@@ -63,12 +63,12 @@ def run_demo(n_prompts: int = 6, max_tokens: int = 48) -> int:
                 worker.wait_ready(timeout=300)
             console.print(f"[bold]worker[/]: {worker.backend} {worker.worker_id} ready")
         prompts = (DEMO_PROMPTS * (1 + n_prompts // len(DEMO_PROMPTS)))[:n_prompts]
+        routes = [DEMO_ROUTES[i % len(DEMO_ROUTES)] for i in range(len(prompts))]
         jobs = [
-            {"model": "smollm2-135m", "messages": [{"role": "user", "content": p}], "sampling": {"max_tokens": max_tokens},
-             **DEMO_ROUTES[i % len(DEMO_ROUTES)][1]}
-            for i, p in enumerate(prompts)
+            {"model": "smollm2-135m", "messages": [{"role": "user", "content": p}], "sampling": {"max_tokens": max_tokens}, **fields}
+            for p, (_, fields) in zip(prompts, routes)
         ]  # fmt: skip
-        labels = [f"{p}  [dim]({DEMO_ROUTES[i % len(DEMO_ROUTES)][0]})[/]" for i, p in enumerate(prompts)]
+        labels = [f"{p}  [dim]({label})[/]" for p, (label, _) in zip(prompts, routes)]
         with Client(url) as client:
             handles = client.submit_many(jobs)
             with console.status(f"{len(handles)} jobs in flight..."):

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from dispatcher.jobs import JobStatus
+from dispatcher.jobs import JobStatus, UnknownJobError
 
 
 # BLPOP waits in slices shorter than redis-py's default socket timeout (5 s), which
@@ -112,14 +112,21 @@ class JobStore:
         return _final(self.r.hmget(job_key(job_id), "final", "result", "error"))
 
     def wait(self, job_id: str, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
-        """Block until the job has its final outcome; None after ``timeout`` seconds.
+        """Block until the job has its final outcome; None after ``timeout`` seconds,
+        UnknownJobError if no such job was submitted (checked in the same first read).
 
         The finisher pushes one token on ``ib:done:<id>``; a waiter that pops it pushes it
         back in the same round trip as its read, so any number of waiters wake, and no
         process needs a pub/sub listener.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        final = self.final(job_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(job_key(job_id), "final", "result", "error")
+        pipe.exists(job_key(job_id))
+        values, known = pipe.execute()
+        if not known:
+            raise UnknownJobError(f"unknown job {job_id!r} (never submitted, or its record expired)", {"job_id": job_id})
+        final = _final(values)
         while final is None:
             remaining = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
             if remaining <= 0:
@@ -136,9 +143,6 @@ class JobStore:
         """Drop records claimed for jobs that were never enqueued, so a retry can submit them."""
         if job_ids:
             self.r.delete(*[job_key(j) for j in job_ids])
-
-    def exists(self, job_id: str) -> bool:
-        return bool(self.r.exists(job_key(job_id)))
 
     def get(self, job_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(job_key(job_id)).items()}

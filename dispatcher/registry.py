@@ -16,9 +16,6 @@ from pydantic import BaseModel, Field
 from dispatcher import settings
 from dispatcher.jobs import UnknownModelError
 
-FORMATS = ("gguf", "hf", "onnx", "onnx-int4")
-
-
 class Artifact(BaseModel):
     source: str
     quantization: str | None = None

@@ -61,6 +61,8 @@ def test_every_waiter_wakes_when_the_job_finishes(store):
 
 
 def test_wait_times_out_with_none(store):
+    job = uuid.uuid4().hex
+    store.claim([(job, {})])
     t0 = time.monotonic()
-    assert store.wait(uuid.uuid4().hex, timeout=0.5) is None
+    assert store.wait(job, timeout=0.5) is None
     assert 0.4 < time.monotonic() - t0 < 2.5

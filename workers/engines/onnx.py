@@ -58,7 +58,7 @@ class OnnxEngine(BatchedEngine):
         log.info("onnx engine: %s (%s), %d threads, loaded in %.1f s", self.model.name, self.format, self.threads, time.monotonic() - t0)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "format": self.config.get("format", "onnx")}
+        return {**super().describe(), "format": getattr(self, "format", None)}
 
     def run_batch(self, batch: list[EngineRequest]) -> None:
         width = max(len(r.prompt_ids) for r in batch)
