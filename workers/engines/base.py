@@ -38,6 +38,7 @@ class EngineOutput:
     prompt_tokens: int
     first_token_at: float | None
     finished_at: float
+    cached_tokens: int = 0  # prompt tokens served from a prefix cache
 
 
 @dataclass(eq=False)
@@ -52,6 +53,7 @@ class EngineRequest:
     first_token_at: float | None = None
     finish_reason: str | None = None
     aborted: bool = False  # set when the caller gave up (time limit): the engine drops it
+    cached_tokens: int = 0  # prompt tokens whose KV state came from a prefix cache
 
 
 class Engine(ABC):
@@ -121,6 +123,7 @@ class Engine(ABC):
                 prompt_tokens=len(r.prompt_ids),
                 first_token_at=r.first_token_at,
                 finished_at=time.time(),
+                cached_tokens=r.cached_tokens,
             )
         )
 

@@ -29,6 +29,20 @@ def batch_key(request: EngineRequest) -> Hashable:
     return ("sample", s.temperature, s.top_p, s.seed if s.seed is None else (s.seed, request.job_id))
 
 
+def append_token(engine: Engine, req: EngineRequest, tok: int, eos: set[int]) -> str | None:
+    """Record one generated token; returns why the request ends ("stop" / "length"), if it does."""
+    req.tokens.append(tok)
+    if req.first_token_at is None:
+        req.first_token_at = time.time()
+    if tok in eos:
+        return "stop"
+    if req.sampling.stop and first_stop(engine.decode(req.tokens), req.sampling.stop) is not None:
+        return "stop"
+    if len(req.tokens) >= req.sampling.max_tokens:
+        return "length"
+    return None
+
+
 class BatchProgress:
     def __init__(self, engine: Engine, requests: list[EngineRequest]) -> None:
         self.engine = engine
@@ -42,19 +56,9 @@ class BatchProgress:
 
     def step(self, tokens: list[int]) -> list[bool]:
         """Record one new token per row; returns which rows are done."""
-        t = time.time()
         for i, (req, tok) in enumerate(zip(self.requests, tokens)):
-            if self.done[i]:
-                continue
-            req.tokens.append(tok)
-            if req.first_token_at is None:
-                req.first_token_at = t
-            if tok in self.eos:
-                self._finish(i, "stop")
-            elif req.sampling.stop and first_stop(self.engine.decode(req.tokens), req.sampling.stop) is not None:
-                self._finish(i, "stop")
-            elif len(req.tokens) >= req.sampling.max_tokens:
-                self._finish(i, "length")
+            if not self.done[i] and (reason := append_token(self.engine, req, tok, self.eos)):
+                self._finish(i, reason)
         running = [r.job_id for r, d in zip(self.requests, self.done) if not d]
         cancelled = self.engine.cancelled(running)
         for i, req in enumerate(self.requests):

@@ -1,0 +1,181 @@
+"""The llama.cpp engine in-process on the real GGUF: continuous batching parity, prefix
+reuse (asserted on the engine's own count of evaluated prompt tokens), eviction, sampling
+and stop handling, and refusing a bad model file."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from dispatcher.jobs import GenerationJob
+from dispatcher.settings import load_yaml
+from workers.engines.llamacpp import LlamaCppEngine, check_gguf_file
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m"
+# 16+ varied chat prompts of different lengths, so sequences join and leave the batch at
+# different steps.
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write one sentence about cats and dogs playing.",
+    "Explain photosynthesis in simple words.",
+    "List four planets of the solar system.",
+    "What is 12 times 7?",
+    "Give me a short tip for learning to cook.",
+    "Describe the sea in two sentences.",
+    "Why is the sky blue?",
+    "Translate 'good morning' into Spanish.",
+    "What does a librarian do?",
+    "Suggest a name for a small grey kitten.",
+    "How many legs does a spider have?",
+    "Write a haiku about autumn leaves.",
+    "What is the boiling point of water at sea level?",
+    "Tell me one fact about the moon.",
+    "What is a prime number?",
+    "Recommend a hobby for a rainy afternoon.",
+]
+# A long shared system prompt (~500 tokens), as in a real assistant deployment.
+SYSTEM = (
+    "You are the support assistant of a bicycle shop called Spoke & Chain. "
+    + " ".join(
+        f"Rule {i}: be polite, answer briefly, mention the shop's {item} when it helps, and never invent prices."
+        for i, item in enumerate(["repair service", "opening hours", "rental bikes", "helmet range", "tyre stock",
+                                  "warranty terms", "kids' bikes", "e-bike batteries", "bike fitting", "route maps",
+                                  "brake pads", "chain oil", "gift cards", "loyalty scheme", "delivery options",
+                                  "trade-in offer", "repair queue", "lights and locks", "spare parts", "workshop classes"])
+    )  # fmt: skip
+)
+
+
+def chat(text: str, system: str | None = None) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+
+
+def make_engine(registry, threads: int = 2, **overrides) -> LlamaCppEngine:
+    spec = registry.get(MODEL)
+    config = {**load_yaml("backends.yaml")["backends"]["llamacpp"], "max_model_len": spec.context_length, **overrides}
+    engine = LlamaCppEngine(spec, config, threads)
+    engine.load()
+    return engine
+
+
+def job(messages: list[dict], **sampling) -> GenerationJob:
+    return GenerationJob(model=MODEL, messages=messages, sampling={"max_tokens": 32, **sampling})
+
+
+@pytest.fixture(scope="module")
+def engine(registry):
+    e = make_engine(registry)
+    yield e
+    e.close()
+
+
+def test_batched_greedy_output_matches_single_stream(engine):
+    jobs = [job(chat(p), max_tokens=40) for p in PROMPTS]
+    alone = [engine.generate(j).token_ids for j in jobs]  # one at a time
+    steps_before = engine.steps
+    with ThreadPoolExecutor(len(jobs)) as pool:  # all at once: 4 decode together, the rest join as others leave
+        together = [o.token_ids for o in pool.map(engine.generate, jobs)]
+    steps = engine.steps - steps_before
+    tokens = sum(len(t) for t in together)
+    assert steps < tokens / 2, f"{steps} steps for {tokens} tokens: sequences were not batched"
+    same = sum(a == b for a, b in zip(alone, together))
+    # llama.cpp's batched kernels may round differently from single-sequence ones; the
+    # measured rate on this machine is 18/18. Allow one miss so a
+    # rare tie on another CPU does not hide a real regression behind a flaky test.
+    assert same >= len(jobs) - 1, f"only {same}/{len(jobs)} batched outputs match single-stream"
+
+
+def test_single_stream_matches_llama_cpp_python_high_level_api(engine):
+    for p in PROMPTS[:3]:
+        ours = engine.generate(job(chat(p), max_tokens=24)).text
+        theirs = engine.llm.create_chat_completion(messages=chat(p), temperature=0, max_tokens=24)
+        assert ours == theirs["choices"][0]["message"]["content"], p
+
+
+def test_a_shared_system_prompt_is_evaluated_once(registry):
+    e = make_engine(registry)
+    try:
+        first = e.generate(job(chat("Do you repair punctures?", SYSTEM), max_tokens=16))
+        assert first.cached_tokens == 0 and first.prompt_tokens > 400
+        evaluated = e.stats()["prompt_tokens_evaluated"]
+        assert evaluated == first.prompt_tokens  # cold: the whole prompt
+
+        second = e.generate(job(chat("When are you open on Sundays?", SYSTEM), max_tokens=16))
+        new = e.stats()["prompt_tokens_evaluated"] - evaluated
+        assert second.cached_tokens > 400  # the system prompt and the template around it
+        assert new == second.prompt_tokens - second.cached_tokens
+        assert new < e.prefill_chunk + 20  # reuse is whole chunks: at most one of them, plus the question
+        assert e.stats()["prefix_hits"] == 1
+    finally:
+        e.close()
+    # the reused KV state gives the same greedy output as a cold evaluation
+    cold = make_engine(registry, prefix_cache_mb=0)
+    try:
+        again = cold.generate(job(chat("When are you open on Sundays?", SYSTEM), max_tokens=16))
+        assert again.cached_tokens == 0 and cold.stats()["prompt_tokens_evaluated"] == again.prompt_tokens
+        assert again.token_ids == second.token_ids
+    finally:
+        cold.close()
+
+
+def test_eviction_keeps_the_prefix_cache_under_its_budget(registry):
+    e = make_engine(registry, prefix_cache_mb=4, prefix_min_tokens=16)  # ~170 tokens of SmolLM2 KV
+    try:
+        for i in range(6):
+            e.generate(job(chat(f"Topic {i}: " + "tell me about the weather in spring. " * 8), max_tokens=2))
+        s = e.stats()
+        assert s["prefix_evicted"] > 0 and 0 < s["prefix_bytes"] <= 4 * 2**20
+    finally:
+        e.close()
+
+
+def test_stop_strings_max_tokens_and_usage(engine):
+    out = engine.generate(job(chat("Count from 1 to 20, separated by commas."), max_tokens=60, stop=["5"]))
+    assert out.finish_reason == "stop" and "5" not in out.text and "4" in out.text
+    assert "5" in engine.decode(out.token_ids)  # generation ran up to the stop string; the text is cut before it
+    out = engine.generate(job(chat("Write a long story about a dragon."), max_tokens=7))
+    assert out.finish_reason == "length" and len(out.token_ids) == 7
+    out = engine.generate(job(chat("Say just the word yes."), max_tokens=60))
+    assert out.finish_reason == "stop" and out.token_ids[-1] in engine.eos_ids
+    assert out.prompt_tokens == len(engine.encode(job(chat("Say just the word yes."))))
+
+
+def test_seeded_sampling_is_reproducible_and_differs_by_seed(engine):
+    def sample(seed: int) -> list[int]:
+        return engine.generate(job(chat("Invent a name for a planet."), max_tokens=16, temperature=1.0, seed=seed)).token_ids
+
+    assert sample(7) == sample(7)
+    assert len({tuple(sample(s)) for s in (1, 2, 3)}) > 1
+
+
+def test_a_cancelled_job_leaves_the_batch(registry):
+    cancelled: set[str] = set()
+    e = make_engine(registry)
+    e.cancel_source = lambda ids: cancelled & set(ids)
+    try:
+        long_job = job(chat("Write a very long story about the sea."), max_tokens=400)
+        t = threading.Timer(0.5, cancelled.add, args=(long_job.id,))
+        t.start()
+        with ThreadPoolExecutor(2) as pool:
+            f_long = pool.submit(e.generate, long_job)
+            f_short = pool.submit(e.generate, job(chat("Name a colour."), max_tokens=8))
+            out = f_long.result(timeout=60)
+            assert out.finish_reason == "cancelled" and 0 < len(out.token_ids) < 400
+            assert f_short.result(timeout=60).finish_reason in ("stop", "length")
+        assert e.generate(job(chat("Name a fruit."), max_tokens=4)).finish_reason in ("stop", "length")
+    finally:
+        e.close()
+
+
+def test_a_missing_or_non_gguf_file_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        check_gguf_file(tmp_path / "nope.gguf")
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04 not a model")
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        check_gguf_file(bad)
