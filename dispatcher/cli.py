@@ -186,6 +186,7 @@ def worker(
     loglevel: str = "INFO",
 ) -> None:
     """Start a worker: load one engine, heartbeat, consume ib.<backend>."""
+    from workers.engines.base import ModelArtifactError
     from workers.worker import run_worker
 
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -195,7 +196,7 @@ def worker(
     try:
         run_worker(backend, model, threads=threads, concurrency=concurrency, worker_id=worker_id,
                    use_gpu=False if cpu else None, fmt=fmt, loglevel=loglevel)  # fmt: skip
-    except (FileNotFoundError, NotImplementedError, JobError) as exc:
+    except (FileNotFoundError, ModelArtifactError, NotImplementedError, JobError) as exc:
         console.print(f"[red]worker not started:[/] {exc}")
         raise typer.Exit(2) from None
 

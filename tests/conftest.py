@@ -106,3 +106,24 @@ def pytorch_worker(redis_url, hf_dir):
     worker = start_worker(redis_url, "pytorch", extra_args=["--threads=1"])
     yield worker
     worker.stop()
+
+
+def start_worker_with_artifact(tmp_path: Path, redis_url: str, backend: str, fmt: str, source: Path):
+    """Run `ib worker` with the model's ``fmt`` artifact pointed at ``source`` (a copy of
+    config/ in tmp_path); returns the finished process (a bad artifact: it refuses to start)."""
+    import subprocess
+    import sys
+    import shutil
+
+    import yaml
+
+    from dispatcher.settings import config_dir
+
+    cfg = tmp_path / "config"
+    shutil.copytree(config_dir(), cfg)
+    models = yaml.safe_load((cfg / "models.yaml").read_text())
+    models["models"]["smollm2-135m"]["artifacts"][fmt] = {"source": str(source)}
+    (cfg / "models.yaml").write_text(yaml.safe_dump(models))
+    env = {**os.environ, "IB_CONFIG_DIR": str(cfg), "REDIS_URL": redis_url, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "dispatcher.cli", "worker", "--backend", backend],
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip

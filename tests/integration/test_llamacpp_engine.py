@@ -173,7 +173,7 @@ def test_a_cancelled_job_leaves_the_batch(registry):
 
 
 def test_a_missing_or_non_gguf_file_is_refused(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="not found"):
         check_gguf_file(tmp_path / "nope.gguf")
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"PK\x03\x04 not a model")

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
-import yaml
-
-from conftest import start_worker
+from conftest import start_worker, start_worker_with_artifact
 from dispatcher.jobs import ContextOverflowError
-from dispatcher.settings import config_dir
 
 pytestmark = pytest.mark.integration
 
@@ -68,13 +62,6 @@ def test_a_worker_with_an_incomplete_onnx_folder_refuses_to_start(tmp_path, redi
     broken = tmp_path / "onnx"
     broken.mkdir()
     shutil.copy(onnx_dir / "genai_config.json", broken)  # no model.onnx, no tokenizer
-    cfg = tmp_path / "config"
-    shutil.copytree(config_dir(), cfg)
-    models = yaml.safe_load((cfg / "models.yaml").read_text())
-    models["models"][MODEL]["artifacts"]["onnx"] = {"source": str(broken)}
-    (cfg / "models.yaml").write_text(yaml.safe_dump(models))
-    env = {**os.environ, "IB_CONFIG_DIR": str(cfg), "REDIS_URL": redis_url, "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "dispatcher.cli", "worker", "--backend", "onnx"],
-                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = start_worker_with_artifact(tmp_path, redis_url, "onnx", "onnx", broken)
     assert out.returncode == 2
     assert "missing model.onnx, tokenizer.json" in out.stdout

@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 CancelSource = Callable[[list[str]], set[str]]
 
 
+class ModelArtifactError(ValueError):
+    """A model artifact exists but cannot be what the engine needs (wrong file type)."""
+
+
 def never_cancelled(job_ids: list[str]) -> set[str]:
     return set()
 

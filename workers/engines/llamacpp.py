@@ -42,7 +42,7 @@ import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from dispatcher.jobs import EngineError, GenerationJob, SamplingParams
-from workers.engines.base import Engine, EngineRequest, fail_requests
+from workers.engines.base import Engine, EngineRequest, ModelArtifactError, fail_requests
 from workers.engines.decoding import append_token
 from workers.prefix_cache import PrefixStateCache
 
@@ -54,11 +54,11 @@ GGUF_MAGIC = b"GGUF"
 def check_gguf_file(path: Path) -> None:
     """Refuse a path that is not a GGUF file before llama.cpp gives a vaguer error."""
     if not path.is_file():
-        raise FileNotFoundError(f"GGUF model file {path} does not exist")
+        raise FileNotFoundError(f"GGUF model file {path} not found")
     with path.open("rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
-        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+        raise ModelArtifactError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
 
 
 @dataclass(eq=False)
