@@ -2,15 +2,20 @@
 
     python bench/cpu_backends.py [--prompts 32] [--max-tokens 64] [--threads 2] [--in-flight 16]
 
-For each backend (PyTorch eager fp32, ONNX Runtime fp32 and int4; llama.cpp joins when
-its engine lands) one `ib worker` is started alone on this machine and given the same
-32 chat prompts, greedy, 64 new tokens:
+For each backend (PyTorch eager fp32, llama.cpp Q4_1, ONNX Runtime fp32 and int4) one
+`ib worker` is started alone on this machine and given the same 32 chat prompts, greedy,
+64 new tokens:
 
-* single stream: one job at a time; TTFT (from submit, what a client sees) p50/p95 and
-  the decode rate (tokens after the first / time since the first), median;
+* single stream: one job at a time; TTFT (from submit, what a client sees) p50/p95, the
+  decode rate (tokens after the first / time since the first), median, and the
+  one-at-a-time aggregate (all tokens / wall time);
 * saturated: ``--in-flight`` client threads each submitting and waiting, aggregate
-  generated tok/s;
+  generated tok/s, and its ratio to the one-at-a-time aggregate (what batching buys);
 * the worker's peak RSS (VmHWM).
+
+llama.cpp also gets a prefix-reuse run: single-stream jobs with a ~500-token system
+prompt, alternating one shared by every job (its KV state reused) and one made unique
+by a leading nonce (evaluated cold); TTFT p50 of each and their ratio.
 
 Prints a table and writes JSON to bench/results/.
 """
@@ -44,7 +49,13 @@ console = Console()
 SUBJECTS = ["the sea", "a city", "winter", "a robot", "coffee", "mountains", "a library", "the moon"]
 ASKS = ["Write two sentences about {}.", "Describe {} in a few words.", "Give one fact about {}.", "Why do people like {}?"]
 # (label, backend, artifact format served)
-BACKENDS = [("PyTorch eager fp32", "pytorch", "hf"), ("ONNX Runtime fp32", "onnx", "onnx"), ("ONNX Runtime int4", "onnx", "onnx-int4")]
+BACKENDS = [("PyTorch eager fp32", "pytorch", "hf"), ("llama.cpp Q4_1", "llamacpp", "gguf"),
+            ("ONNX Runtime fp32", "onnx", "onnx"), ("ONNX Runtime int4", "onnx", "onnx-int4")]  # fmt: skip
+SYSTEM = "You are the assistant of a city library. " + " ".join(
+    f"Rule {i}: answer in a friendly tone, keep it short, point readers to the {room} when it helps, and never guess opening times."
+    for i, room in enumerate(["reading room", "children's corner", "map archive", "music section", "study booths",
+                              "newspaper desk", "print shop", "local history shelf", "language lab", "quiet floor"] * 2)
+)  # fmt: skip
 
 
 def prompts(n: int) -> list[str]:
@@ -63,24 +74,49 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def measure(client: Client, backend: str, texts: list[str], max_tokens: int, in_flight: int) -> dict:
-    def job(text: str) -> dict:
-        return {"model": "smollm2-135m", "messages": [{"role": "user", "content": text}],
-                "sampling": {"max_tokens": max_tokens}, "backend": backend}  # fmt: skip
+def chat_job(backend: str, text: str, max_tokens: int, system: str | None = None) -> dict:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return {"model": "smollm2-135m", "messages": messages, "sampling": {"max_tokens": max_tokens}, "backend": backend}
 
-    client.submit(job(texts[0])).result(timeout=300)  # warm-up
-    single = [client.submit(job(t)).result(timeout=300) for t in texts]
+
+def measure(client: Client, backend: str, texts: list[str], max_tokens: int, in_flight: int) -> dict:
+    client.submit(chat_job(backend, texts[0], max_tokens)).result(timeout=300)  # warm-up
+    t0 = time.perf_counter()
+    single = [client.submit(chat_job(backend, t, max_tokens)).result(timeout=300) for t in texts]
+    single_wall = time.perf_counter() - t0
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=in_flight) as pool:
-        saturated = list(pool.map(lambda t: client.submit(job(t)).result(timeout=900), texts))
+        saturated = list(pool.map(lambda t: client.submit(chat_job(backend, t, max_tokens)).result(timeout=900), texts))
     wall = time.perf_counter() - t0
     ttfts = [r.timings.ttft_s * 1000 for r in single]
+    one_at_a_time = sum(r.usage.completion_tokens for r in single) / single_wall
+    aggregate = sum(r.usage.completion_tokens for r in saturated) / wall
     return {
         "ttft_p50_ms": pct(ttfts, 0.5),
         "ttft_p95_ms": pct(ttfts, 0.95),
         "decode_tok_s": statistics.median(r.tokens_per_s for r in single),
-        "aggregate_tok_s": sum(r.usage.completion_tokens for r in saturated) / wall,
+        "one_at_a_time_tok_s": one_at_a_time,
+        "aggregate_tok_s": aggregate,
+        "batching_gain": aggregate / one_at_a_time,
         "single_tokens": sum(r.usage.completion_tokens for r in single),
+    }
+
+
+def measure_prefix_reuse(client: Client, backend: str, texts: list[str]) -> dict:
+    """TTFT with a shared ~500-token system prompt (reused) vs a unique one (cold), alternating."""
+    client.submit(chat_job(backend, texts[0], 1, SYSTEM)).result(timeout=300)  # the shared prefix, evaluated once
+    warm, cold = [], []
+    for i, t in enumerate(texts[:16]):
+        cold.append(client.submit(chat_job(backend, t, 1, f"[session {i} {time.time_ns()}] " + SYSTEM)).result(timeout=300))
+        warm.append(client.submit(chat_job(backend, t, 1, SYSTEM)).result(timeout=300))
+    cold_ms = statistics.median(r.timings.ttft_s * 1000 for r in cold)
+    warm_ms = statistics.median(r.timings.ttft_s * 1000 for r in warm)
+    return {
+        "prompt_tokens_median": statistics.median(r.usage.prompt_tokens for r in warm),
+        "cached_tokens_median": statistics.median(r.usage.cached_tokens for r in warm),
+        "cold_ttft_p50_ms": cold_ms,
+        "reused_ttft_p50_ms": warm_ms,
+        "speedup": cold_ms / warm_ms,
     }
 
 
@@ -98,7 +134,8 @@ def main() -> int:
         prepare(spec, fmt)
     texts = prompts(args.prompts)
     broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "bench-broker").start(announce=False)
-    rows = {}
+    rows: dict[str, dict] = {}
+    prefix: dict = {}
     try:
         client = Client(broker.url)
         for label, backend, fmt in BACKENDS:
@@ -108,6 +145,8 @@ def main() -> int:
                 worker.wait_ready(timeout=300)
                 console.print(f"[bold]{label}[/]: {len(texts)} prompts x {args.max_tokens} tokens ...")
                 rows[label] = measure(client, backend, texts, args.max_tokens, args.in_flight)
+                if backend == "llamacpp":
+                    prefix = measure_prefix_reuse(client, backend, texts)
                 rows[label]["peak_rss_mb"] = peak_rss_mb(worker.proc.pid)
             finally:
                 worker.stop()
@@ -117,18 +156,25 @@ def main() -> int:
     base = rows["PyTorch eager fp32"]["aggregate_tok_s"]
     table = Table(title=f"CPU backends: {args.prompts} chat prompts, greedy, {args.max_tokens} new tokens, "
                         f"{args.threads} threads, {args.in_flight} in flight")  # fmt: skip
-    for col in ("backend", "TTFT p50", "TTFT p95", "decode tok/s (1 stream)", f"aggregate tok/s ({args.in_flight} in flight)",
-                "vs PyTorch", "worker peak RSS"):  # fmt: skip
+    for col in ("backend", "TTFT p50", "TTFT p95", "decode tok/s (1 stream)", "tok/s one at a time",
+                f"aggregate tok/s ({args.in_flight} in flight)", "vs one at a time", "vs PyTorch", "worker peak RSS"):  # fmt: skip
         table.add_column(col, justify="right")
     for label, r in rows.items():
         table.add_row(label, f"{r['ttft_p50_ms']:.0f} ms", f"{r['ttft_p95_ms']:.0f} ms", f"{r['decode_tok_s']:.1f}",
-                      f"{r['aggregate_tok_s']:.1f}", f"{r['aggregate_tok_s'] / base:.2f}x", f"{r['peak_rss_mb']:.0f} MB")  # fmt: skip
+                      f"{r['one_at_a_time_tok_s']:.1f}", f"{r['aggregate_tok_s']:.1f}", f"{r['batching_gain']:.2f}x",
+                      f"{r['aggregate_tok_s'] / base:.2f}x", f"{r['peak_rss_mb']:.0f} MB")  # fmt: skip
     console.print(table)
+    if prefix:
+        console.print(
+            f"llama.cpp prefix reuse, {prefix['prompt_tokens_median']:.0f}-token prompts "
+            f"({prefix['cached_tokens_median']:.0f} from the cache): TTFT p50 cold {prefix['cold_ttft_p50_ms']:.0f} ms, "
+            f"reused {prefix['reused_ttft_p50_ms']:.0f} ms, {prefix['speedup']:.1f}x"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"cpu_backends-{time.strftime('%Y%m%d-%H%M%S')}.json"
     record = {"bench": "cpu_backends", "time": time.time(), "args": vars(args),
-              "hardware": hardware.detect(False).model_dump(), "rows": rows}  # fmt: skip
+              "hardware": hardware.detect(False).model_dump(), "rows": rows, "llamacpp_prefix_reuse": prefix}  # fmt: skip
     path.write_text(json.dumps(record, indent=2))
     console.print(f"JSON: {path}")
     return 0

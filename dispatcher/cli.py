@@ -220,7 +220,7 @@ def broker(port: int = 16379) -> None:
 
 @app.command()
 def demo(
-    prompts: Annotated[int, typer.Option(help="how many demo prompts to run")] = 6,
+    prompts: Annotated[int, typer.Option(help="how many demo prompts to run")] = 8,
     max_tokens: MaxTokOpt = 48,
 ) -> None:
     """Start a broker (unless REDIS_URL is set), a PyTorch and an ONNX worker, run real prompts, stop everything."""
@@ -274,7 +274,8 @@ def print_results(results: list[JobResult], prompts: list[str] | None = None) ->
         console.print(
             f"    {r.backend} on {r.worker} · queue wait {r.timings.queue_wait_s * 1000:.0f} ms · "
             f"TTFT {'-' if ttft is None else f'{ttft * 1000:.0f} ms'} · {r.tokens_per_s:.1f} tok/s · "
-            f"{r.finish_reason} ({r.usage.completion_tokens} tokens)",
+            f"{r.finish_reason} ({r.usage.completion_tokens} tokens"
+            f"{f', {r.usage.cached_tokens} prompt tokens from the prefix cache' if r.usage.cached_tokens else ''})",
             highlight=False,
         )
         console.print(f"    [dim]path: {escape(path)}[/]")

@@ -27,15 +27,25 @@ DEMO_PROMPTS = [
 
 
 # The backends that run on a CPU-only machine today, and how the demo's jobs reach them.
-DEMO_BACKENDS = ("pytorch", "onnx")
+DEMO_BACKENDS = ("pytorch", "onnx", "llamacpp")
+DEMO_SYSTEM = (
+    "You are a concise assistant for a software team. Answer in at most two sentences, use plain words, "
+    "prefer concrete examples, say so when you are unsure, and never invent facts, names, numbers or links. "
+) * 4  # a long shared system prompt: the llama.cpp worker evaluates it once, then reuses its KV state
 DEMO_ROUTES = [
     ("interactive: latency target 50 ms", {"slo": {"latency_target_ms": 50}}),
-    ("no SLO: the fleet default", {}),
+    ("no SLO: the fleet default (1 s)", {}),
     ("backend override: pytorch", {"backend": "pytorch"}),
+    ("shared system prompt, llama.cpp", {"backend": "llamacpp", "system": DEMO_SYSTEM}),
 ]
 
 
-def run_demo(n_prompts: int = 6, max_tokens: int = 48) -> int:
+def demo_job(prompt: str, max_tokens: int, system: str | None = None, **fields) -> dict:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return {"model": "smollm2-135m", "messages": messages, "sampling": {"max_tokens": max_tokens}, **fields}
+
+
+def run_demo(n_prompts: int = 8, max_tokens: int = 48) -> int:
     from dispatcher.cli import print_results
     from dispatcher.client import Client
     from dispatcher.registry import ModelRegistry
@@ -64,10 +74,7 @@ def run_demo(n_prompts: int = 6, max_tokens: int = 48) -> int:
             console.print(f"[bold]worker[/]: {worker.backend} {worker.worker_id} ready")
         prompts = (DEMO_PROMPTS * (1 + n_prompts // len(DEMO_PROMPTS)))[:n_prompts]
         routes = [DEMO_ROUTES[i % len(DEMO_ROUTES)] for i in range(len(prompts))]
-        jobs = [
-            {"model": "smollm2-135m", "messages": [{"role": "user", "content": p}], "sampling": {"max_tokens": max_tokens}, **fields}
-            for p, (_, fields) in zip(prompts, routes)
-        ]  # fmt: skip
+        jobs = [demo_job(p, max_tokens, **fields) for p, (_, fields) in zip(prompts, routes)]
         labels = [f"{p}  [dim]({label})[/]" for p, (label, _) in zip(prompts, routes)]
         with Client(url) as client:
             handles = client.submit_many(jobs)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import llama_cpp
+import numpy as np
 import pytest
 
 from dispatcher.jobs import GenerationJob
@@ -74,20 +76,42 @@ def engine(registry):
     e.close()
 
 
-def test_batched_greedy_output_matches_single_stream(engine):
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def test_batched_greedy_output_matches_single_stream_up_to_near_ties(engine, registry):
+    """Batched decoding changes llama.cpp's float rounding (which rows share a matmul,
+    where a sequence's cells sit in the shared KV pool), so a greedy pick between two
+    almost equal logits can flip. Every difference must be such a flip, checked against
+    an independent evaluation of the same tokens: a bug (sequences mixed up, wrong
+    positions) would pick tokens outside the top two or far behind."""
     jobs = [job(chat(p), max_tokens=40) for p in PROMPTS]
     alone = [engine.generate(j).token_ids for j in jobs]  # one at a time
     steps_before = engine.steps
-    with ThreadPoolExecutor(len(jobs)) as pool:  # all at once: 4 decode together, the rest join as others leave
+    with ThreadPoolExecutor(len(jobs)) as pool:  # all at once: 8 decode together, the rest join as others leave
         together = [o.token_ids for o in pool.map(engine.generate, jobs)]
     steps = engine.steps - steps_before
     tokens = sum(len(t) for t in together)
-    assert steps < tokens / 2, f"{steps} steps for {tokens} tokens: sequences were not batched"
-    same = sum(a == b for a, b in zip(alone, together))
-    # llama.cpp's batched kernels may round differently from single-sequence ones; the
-    # measured rate on this machine is 18/18. Allow one miss so a
-    # rare tie on another CPU does not hide a real regression behind a flaky test.
-    assert same >= len(jobs) - 1, f"only {same}/{len(jobs)} batched outputs match single-stream"
+    assert steps < tokens / 3, f"{steps} steps for {tokens} tokens: sequences were not batched"
+
+    reference = llama_cpp.Llama(model_path=str(engine.model.artifact_path("gguf")), n_ctx=512, logits_all=True,
+                                n_threads=engine.threads, verbose=False)  # fmt: skip
+    identical = 0
+    for j, a, b in zip(jobs, alone, together):
+        k = first_difference(a, b)
+        if k is None:
+            identical += 1
+            continue
+        reference.reset()
+        reference.eval(engine.encode(j) + a[:k])
+        logits = np.asarray(reference.scores[reference.n_tokens - 1])
+        top2 = set(np.argsort(-logits)[:2].tolist())
+        assert {a[k], b[k]} <= top2, f"{j.messages[-1].content!r}: token {k} differs beyond the top two"
+        assert abs(logits[a[k]] - logits[b[k]]) < 0.5, f"{j.messages[-1].content!r}: token {k} was no near-tie"
+    reference.close()
+    print(f"batched vs single stream: {identical}/{len(jobs)} identical over 40 tokens; the rest differ at near-ties")
+    assert identical >= 3
 
 
 def test_single_stream_matches_llama_cpp_python_high_level_api(engine):
@@ -121,6 +145,20 @@ def test_a_shared_system_prompt_is_evaluated_once(registry):
         assert again.token_ids == second.token_ids
     finally:
         cold.close()
+
+
+def test_jobs_arriving_together_with_one_system_prompt_evaluate_it_once(registry):
+    e = make_engine(registry)
+    try:
+        questions = ["Do you sell helmets?", "Can I rent a bike?", "Do you fix brakes?", "Are you open today?"]
+        with ThreadPoolExecutor(len(questions)) as pool:
+            outs = list(pool.map(e.generate, [job(chat(q, SYSTEM), max_tokens=8) for q in questions]))
+        # one evaluates the system prompt; the others wait for it, then load its state
+        assert sorted(o.cached_tokens > 400 for o in outs) == [False, True, True, True]
+        assert e.stats()["prompt_tokens_evaluated"] == sum(o.prompt_tokens - o.cached_tokens for o in outs)
+        assert e.stats()["prompt_tokens_evaluated"] < outs[0].prompt_tokens + 3 * (e.prefill_chunk + 20)
+    finally:
+        e.close()
 
 
 def test_eviction_keeps_the_prefix_cache_under_its_budget(registry):

@@ -6,6 +6,13 @@ token, each newly admitted job adds a chunk of its prompt (up to ``prefill_chunk
 tokens, so a long prompt does not stall the others for its whole prefill). New jobs join
 between steps and finished ones leave, freeing their sequence.
 
+The KV cache is one pool of ``kv_cache_tokens`` cells shared by all sequences (llama.cpp's
+unified KV), and a job is admitted only when its prompt plus max_tokens fits beside the
+reservations of the running ones, so a step never runs out of cells. Measured here:
+with a KV stream per sequence (``kv_unified=False``) eight sequences in one step cost as
+much as eight steps of one (104 vs 14 ms), i.e. no batching gain at all; unified, the
+same step took 60 ms (1.5x more tokens/s over 8 jobs).
+
 Prefix reuse: right after a prompt is evaluated its sequence's KV state is saved into a
 byte-bounded LRU store (``workers.prefix_cache``). A later prompt sharing at least
 ``prefix_min_tokens`` leading tokens with a stored one loads that state, drops the KV
@@ -39,12 +46,13 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from dispatcher.jobs import EngineError, GenerationJob, SamplingParams
 from workers.engines.base import Engine, EngineRequest, ModelArtifactError, fail_requests
 from workers.engines.decoding import append_token
-from workers.prefix_cache import PrefixStateCache
+from workers.prefix_cache import PrefixStateCache, common_prefix_len
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +100,11 @@ def make_sampler(s: SamplingParams) -> Any:
     return chain
 
 
+def reservation(r: EngineRequest) -> int:
+    """KV cells a job can use at most."""
+    return len(r.prompt_ids) + r.sampling.max_tokens
+
+
 class LlamaCppEngine(Engine):
     backend = "llamacpp"
 
@@ -99,7 +112,7 @@ class LlamaCppEngine(Engine):
 
     @property
     def max_seqs(self) -> int:
-        return int(self.config.get("max_seqs", 4))
+        return int(self.config.get("max_seqs", 8))
 
     @property
     def prefill_chunk(self) -> int:
@@ -127,8 +140,9 @@ class LlamaCppEngine(Engine):
 
         params = llama_cpp.llama_context_params.from_buffer_copy(self.llm.context_params)
         params.n_seq_max = self.max_seqs
-        params.kv_unified = False  # each sequence its own max_model_len of KV cache
-        params.n_ctx = self.max_model_len * self.max_seqs
+        params.kv_unified = True
+        self.n_ctx = max(int(self.config.get("kv_cache_tokens", 8192)), self.max_model_len)
+        params.n_ctx = self.n_ctx
         self.n_batch = max(self.prefill_chunk, self.max_seqs) + self.max_seqs
         params.n_batch = params.n_ubatch = self.n_batch
         params.n_threads = params.n_threads_batch = self.threads
@@ -145,6 +159,8 @@ class LlamaCppEngine(Engine):
 
         self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
         self._free = list(range(self.max_seqs))
+        self._held: list[EngineRequest] = []  # waiting for KV room, or for a prefix being evaluated
+        self._reserved = 0  # KV cells promised to the running sequences (prompt + max_tokens)
         self._running: list[Sequence] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="llamacpp-scheduler", daemon=True)
@@ -183,6 +199,7 @@ class LlamaCppEngine(Engine):
             **super().describe(),
             "batching": "continuous",
             "max_seqs": self.max_seqs,
+            "kv_cache_tokens": getattr(self, "n_ctx", None),
             "prefill_chunk": self.prefill_chunk,
             "threads": self.threads,
             "prefix_cache_mb": round(self.prefix_cache.budget_bytes / 2**20) if hasattr(self, "prefix_cache") else None,
@@ -222,7 +239,7 @@ class LlamaCppEngine(Engine):
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._admit(block=not self._running)
+            self._admit(block=not self._running and not self._held)
             if not self._running:
                 continue
             try:
@@ -234,7 +251,13 @@ class LlamaCppEngine(Engine):
                     self._release(s)
 
     def _admit(self, block: bool) -> None:
-        """Move waiting requests into free sequences (waiting for one when idle)."""
+        """Move waiting requests into free sequences (waiting for one when idle). A request
+        whose prompt shares a long prefix with a prompt being evaluated right now is held
+        back until that evaluation ends, then served from the prefix cache instead of
+        evaluating the same tokens twice (a batch of jobs with one system prompt)."""
+        held, self._held = self._held, []
+        for r in held:
+            self._admit_one(r)
         while self._free:
             try:
                 r = self._queue.get(block=block, timeout=0.5 if block else None)
@@ -243,14 +266,28 @@ class LlamaCppEngine(Engine):
             if r is None:
                 return
             block = False
-            if r.aborted or self.cancelled([r.job_id]):
-                r.finish_reason = "cancelled"
-                self.deliver(r)
-                continue
+            self._admit_one(r)
+
+    def _admit_one(self, r: EngineRequest) -> None:
+        if r.aborted or self.cancelled([r.job_id]):
+            r.finish_reason = "cancelled"
+            self.deliver(r)
+        elif not self._free or self._reserved + reservation(r) > self.n_ctx or self._prefix_in_progress(r.prompt_ids):
+            self._held.append(r)
+        else:
             self._start(r)
+
+    def _prefix_in_progress(self, prompt: list[int]) -> bool:
+        need = max(self.prefix_cache.min_tokens, self.prefill_chunk)
+        p = np.asarray(prompt)
+        return any(
+            s.prefilling and s.save_prefix and common_prefix_len(p, np.asarray(s.request.prompt_ids)) >= need
+            for s in self._running
+        )
 
     def _start(self, r: EngineRequest) -> None:
         seq_id = self._free.pop()
+        self._reserved += reservation(r)
         prompt = r.prompt_ids
         n_past = 0
         hit = self.prefix_cache.lookup(prompt)
@@ -275,6 +312,7 @@ class LlamaCppEngine(Engine):
         llama_cpp.llama_sampler_free(s.sampler)
         self._running.remove(s)
         self._free.append(s.seq_id)
+        self._reserved -= reservation(s.request)
 
     def _add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
         b, i = self.batch, self.batch.n_tokens
