@@ -83,9 +83,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def test_batched_greedy_output_matches_single_stream_up_to_near_ties(engine, registry):
     """Batched decoding changes llama.cpp's float rounding (which rows share a matmul,
     where a sequence's cells sit in the shared KV pool), so a greedy pick between two
-    almost equal logits can flip. Every difference must be such a flip, checked against
+    almost equal logits can flip. Every difference must be such a flip (both picks within
+    0.5 logits of the best), checked against
     an independent evaluation of the same tokens: a bug (sequences mixed up, wrong
-    positions) would pick tokens outside the top two or far behind."""
+    positions) would pick tokens far behind the best one."""
     jobs = [job(chat(p), max_tokens=40) for p in PROMPTS]
     alone = [engine.generate(j).token_ids for j in jobs]  # one at a time
     steps_before = engine.steps
@@ -106,9 +107,8 @@ def test_batched_greedy_output_matches_single_stream_up_to_near_ties(engine, reg
         reference.reset()
         reference.eval(engine.encode(j) + a[:k])
         logits = np.asarray(reference.scores[reference.n_tokens - 1])
-        top2 = set(np.argsort(-logits)[:2].tolist())
-        assert {a[k], b[k]} <= top2, f"{j.messages[-1].content!r}: token {k} differs beyond the top two"
-        assert abs(logits[a[k]] - logits[b[k]]) < 0.5, f"{j.messages[-1].content!r}: token {k} was no near-tie"
+        behind = logits.max() - logits[[a[k], b[k]]]
+        assert (behind < 0.5).all(), f"{j.messages[-1].content!r}: token {k} was no near-tie ({behind} logits behind the top)"
     reference.close()
     print(f"batched vs single stream: {identical}/{len(jobs)} identical over 40 tokens; the rest differ at near-ties")
     assert identical >= 3
