@@ -29,11 +29,12 @@ def batch_key(request: EngineRequest) -> Hashable:
     return ("sample", s.temperature, s.top_p, s.seed if s.seed is None else (s.seed, request.job_id))
 
 
-def append_token(engine: Engine, req: EngineRequest, tok: int, eos: set[int]) -> str | None:
-    """Record one generated token; returns why the request ends ("stop" / "length"), if it does."""
+def append_token(engine: Engine, req: EngineRequest, tok: int, eos: set[int], now: float | None = None) -> str | None:
+    """Record one generated token (produced at ``now``: one time for a whole batch step);
+    returns why the request ends ("stop" / "length"), if it does."""
     req.tokens.append(tok)
     if req.first_token_at is None:
-        req.first_token_at = time.time()
+        req.first_token_at = now or time.time()
     if tok in eos:
         return "stop"
     if req.sampling.stop and first_stop(engine.decode(req.tokens), req.sampling.stop) is not None:
@@ -56,8 +57,9 @@ class BatchProgress:
 
     def step(self, tokens: list[int]) -> list[bool]:
         """Record one new token per row; returns which rows are done."""
+        now = time.time()
         for i, (req, tok) in enumerate(zip(self.requests, tokens)):
-            if not self.done[i] and (reason := append_token(self.engine, req, tok, self.eos)):
+            if not self.done[i] and (reason := append_token(self.engine, req, tok, self.eos, now)):
                 self._finish(i, reason)
         running = [r.job_id for r, d in zip(self.requests, self.done) if not d]
         cancelled = self.engine.cancelled(running)

@@ -350,12 +350,12 @@ class LlamaCppEngine(Engine):
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} ({len(self._running)} sequences)")
         self.steps += 1
-        eos = set(self.eos_ids)
+        eos, now = set(self.eos_ids), time.time()
         for s, idx in outputs:
             if s.save_prefix and len(s.request.tokens) == 0:
                 self._save_prefix(s)
             tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx)
-            if reason := append_token(self, s.request, tok, eos):
+            if reason := append_token(self, s.request, tok, eos, now):
                 self._finish(s, reason)
         running = list(self._running)
         cancelled = self.cancelled([s.request.job_id for s in running])
