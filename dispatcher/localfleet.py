@@ -48,7 +48,10 @@ class WorkerProcess:
 
     def start(self) -> "WorkerProcess":
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=settings.REPO_ROOT)
+            # Its own process group, so kill() takes the engine's helper processes with it
+            # (vLLM's EngineCore), as a crashed container would.
+            self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=settings.REPO_ROOT, start_new_session=True)  # fmt: skip
         return self
 
     def log_tail(self, lines: int = 40) -> str:
@@ -71,7 +74,10 @@ class WorkerProcess:
     def kill(self) -> None:
         """SIGKILL: no warm shutdown, no goodbye heartbeat (a crash, as far as the fleet knows)."""
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.proc.wait(timeout=30)
 
     def stop(self, timeout: float = 60) -> None:

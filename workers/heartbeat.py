@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import redis
 
@@ -28,6 +28,7 @@ class Heartbeat:
         interval_s: float,
         ttl_s: float,
         on_beat: Callable[[], None] | None = None,
+        engine_stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.r = client
         self.info = info
@@ -35,11 +36,14 @@ class Heartbeat:
         self.interval_s = interval_s
         self.ttl_s = ttl_s
         self.on_beat = on_beat
+        self.engine_stats = engine_stats
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def beat(self) -> None:
         self.info.in_flight = self.in_flight()
+        if self.engine_stats:
+            self.info.engine_stats = self.engine_stats()
         self.info.last_beat = time.time()
         pipe = self.r.pipeline()
         pipe.set(worker_key(self.info.worker_id), self.info.model_dump_json(), px=int(self.ttl_s * 1000))

@@ -92,7 +92,7 @@ def build_result(
         text=out.text,
         token_ids=out.token_ids,
         finish_reason=out.finish_reason,  # type: ignore[arg-type]
-        usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=len(out.token_ids), cached_tokens=out.cached_tokens),
+        usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=len(out.token_ids) if out.completion_tokens is None else out.completion_tokens, cached_tokens=out.cached_tokens),
         timings=Timings(submitted=job.submitted_at, started=started, first_token=out.first_token_at, finished=out.finished_at),
         backend=selection.backend,
         worker=worker,

@@ -44,6 +44,7 @@ def run_worker(
     worker_id: str | None = None,
     use_gpu: bool | None = None,
     fmt: str | None = None,
+    endpoint: str | None = None,
     loglevel: str = "INFO",
 ) -> None:
     """Blocks until the worker is shut down (SIGTERM / SIGINT: warm shutdown)."""
@@ -64,6 +65,7 @@ def run_worker(
         **backend_spec.engine_config(),
         "max_model_len": spec.context_length,
         "device": "cuda" if hw.kind == "gpu" else "cpu",
+        **({"endpoint": endpoint} if endpoint else {}),
         "format": fmt or next((f for f in backend_spec.formats if f in spec.formats()), backend_spec.formats[0]),
     }
     worker_id = worker_id or default_worker_id(backend, hw.kind)
@@ -102,6 +104,7 @@ def run_worker(
         interval_s=float(cfg["heartbeat"]["interval_s"]),
         ttl_s=float(cfg["heartbeat"]["ttl_s"]),
         on_beat=lambda: reaper.reap(client, app, worker_id),
+        engine_stats=engine.stats,
     ).start()
 
     @worker_ready.connect(weak=False)

@@ -13,6 +13,8 @@ ENGINE_CLASSES = {
     "pytorch": "workers.engines.pytorch:PyTorchEngine",
     "onnx": "workers.engines.onnx:OnnxEngine",
     "llamacpp": "workers.engines.llamacpp:LlamaCppEngine",
+    "vllm": "workers.engines.vllm:VllmEngine",
+    "tgi": "workers.engines.tgi:TgiEngine",
 }
 
 

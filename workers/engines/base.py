@@ -43,6 +43,7 @@ class EngineOutput:
     first_token_at: float | None
     finished_at: float
     cached_tokens: int = 0  # prompt tokens served from a prefix cache
+    completion_tokens: int | None = None  # when the engine has no token ids (a remote server's usage)
 
 
 @dataclass(eq=False)
@@ -98,6 +99,10 @@ class Engine(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.backend, "model": self.model.name, "max_model_len": self.max_model_len}
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's own counters, published in the worker's heartbeat."""
+        return {}
 
     # ---------------------------------------------------------- requests
 

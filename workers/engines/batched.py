@@ -13,20 +13,18 @@ import threading
 from abc import abstractmethod
 from typing import Any
 
-from dispatcher.jobs import GenerationJob
 from workers.batching import BatchQueue
 from workers.engines.base import Engine, EngineRequest, fail_requests
 from workers.engines.decoding import batch_key
+from workers.engines.hf_tokens import HFTokenizerMixin
 
 log = logging.getLogger(__name__)
 
 
-class BatchedEngine(Engine):
+class BatchedEngine(HFTokenizerMixin, Engine):
     batching = "static"
     default_batch_size = 8
     default_max_wait_ms = 20.0
-
-    tokenizer: Any  # a transformers tokenizer, set by the subclass's load()
 
     @property
     def batch_size(self) -> int:
@@ -55,17 +53,6 @@ class BatchedEngine(Engine):
         if hasattr(self, "queue"):
             self.queue.close()
             self._thread.join(timeout=30)
-
-    def encode(self, job: GenerationJob) -> list[int]:
-        if job.messages is not None:
-            text = self.tokenizer.apply_chat_template(
-                [m.model_dump() for m in job.messages], tokenize=False, add_generation_prompt=True
-            )
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer(job.prompt)["input_ids"]
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def submit(self, request: EngineRequest) -> None:
         self.queue.put(request)

