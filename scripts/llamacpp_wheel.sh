@@ -21,7 +21,7 @@ DATA_DIR="${IB_DATA_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/inference-backend}
 KEY="$(printf '%s|%s|%s' "$VERSION" "$FLAGS" "$("$PY" -c 'import sys; print(sys.implementation.cache_tag)')" | sha256sum | cut -c1-12)"
 WHEELS="$DATA_DIR/wheels/llama-cpp-python-$VERSION-$KEY"
 
-if "$PY" -c "import importlib.metadata as m, sys; import sse_starlette; sys.exit(m.version('llama-cpp-python') != '$VERSION')" 2>/dev/null; then
+if "$PY" -c "import importlib.metadata as m, sys; import starlette_context; sys.exit(m.version('llama-cpp-python') != '$VERSION')" 2>/dev/null; then
     exit 0  # already installed in this environment
 fi
 

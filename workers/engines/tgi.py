@@ -16,7 +16,9 @@ Failures:
 
 Cancel (and the time limit) closes the stream; the server stops generating for a
 disconnected client. The server tokenizes; prompt and completion token counts are the
-server's ``usage``.
+server's ``usage`` (asked for with ``stream_options.include_usage``). A server that sends
+no usage in its stream (llama.cpp's) gets its completion tokens counted from the stream,
+one per content chunk, and prompt tokens reported as 0.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ class TgiEngine(Engine):
                 raise ContextOverflowError(message, {"status_code": exc.status_code}) from None
             raise EngineError(message, {"status_code": exc.status_code}) from None
         parts: list[str] = []
+        pieces = 0  # content chunks: one token each in TGI's and llama.cpp's streams
         first_token_at, finish, usage = None, None, None
         with stream:
             for chunk in stream:
@@ -142,6 +145,7 @@ class TgiEngine(Engine):
                     piece = choice.delta.content if hasattr(choice, "delta") else choice.text
                     if piece:
                         parts.append(piece)
+                        pieces += 1
                         first_token_at = first_token_at or time.time()
                     finish = choice.finish_reason or finish
                 if self.cancelled([job.id]):
@@ -149,8 +153,12 @@ class TgiEngine(Engine):
                     break
                 if timeout is not None and time.monotonic() - started > timeout:
                     raise JobTimeoutError(f"job {job.id} exceeded the {timeout:g} s time limit", {"time_limit_s": timeout})
-        if finish is None:
-            raise openai.APIConnectionError(message="the stream ended without a finish_reason", request=httpx.Request("POST", self.endpoint))
+        if finish is None:  # a clean end without an answer: the server gave up on this job
+            raise EngineError(
+                f"TGI server at {self.endpoint} ended the stream without finishing the job"
+                f" ({len(parts)} chunks received); its log says why (an over-long prompt, for one)",
+                {"endpoint": self.endpoint},
+            )
         return EngineOutput(
             token_ids=[],
             text="".join(parts),
@@ -158,5 +166,5 @@ class TgiEngine(Engine):
             prompt_tokens=usage.prompt_tokens if usage else 0,
             first_token_at=first_token_at,
             finished_at=time.time(),
-            completion_tokens=usage.completion_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else pieces,
         )
