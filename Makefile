@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test unit integration bench bench-cpu clean
+.PHONY: install demo test unit integration bench bench-cpu bench-batching clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,9 @@ bench: install
 
 bench-cpu: install
 	$(PY) bench/cpu_backends.py
+
+bench-batching: install
+	$(PY) bench/continuous_batching.py
 
 clean:
 	rm -rf $(VENV) test-artifacts bench/results

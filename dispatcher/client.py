@@ -12,7 +12,7 @@ enqueued: a bad job raises a typed JobError and nothing reaches the queue.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import redis
 
@@ -32,6 +32,7 @@ from dispatcher.jobs import (
     parse_job,
 )
 from dispatcher.jobstore import JobStore
+from dispatcher.streams import read_stream
 from dispatcher.registry import ModelRegistry
 
 
@@ -53,6 +54,11 @@ class JobHandle:
 
     def result(self, timeout: float | None = None, raise_on_cancel: bool = False) -> JobResult:
         return self.client.result(self.id, timeout=timeout, raise_on_cancel=raise_on_cancel)
+
+    def stream(self, timeout: float | None = None) -> Iterator[str]:
+        """The answer's text as it is generated, in deltas (the job must be submitted with
+        ``stream=True``); ends when the job ends. ``result()`` then has the whole answer."""
+        return read_stream(self.client.redis, self.id, timeout=timeout)
 
     def status(self) -> str:
         return self.client.status(self.id)

@@ -80,6 +80,7 @@ class GenerationJob(BaseModel):
     priority: Priority = Priority.normal
     batch_id: str | None = None
     custom_id: str | None = None
+    stream: bool = False  # publish text deltas as they are generated (JobHandle.stream())
     submitted_at: float = Field(default_factory=time.time)
 
     @model_validator(mode="after")

@@ -94,3 +94,52 @@ class WorkerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaCppServer:
+    """llama-cpp-python's OpenAI-compatible server on loopback, serving a GGUF: the local
+    stand-in for a TGI container (the TGI backend speaks the same Messages API). It runs
+    one request at a time; restartable on the same port."""
+
+    def __init__(self, gguf: str, model_alias: str, port: int | None = None, n_ctx: int = 1024,
+                 threads: int = 1, log_dir: Path | None = None) -> None:  # fmt: skip
+        self.gguf, self.model_alias, self.n_ctx, self.threads = gguf, model_alias, n_ctx, threads
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = (log_dir or settings.data_dir() / "logs") / f"llama-server-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120) -> "LlamaCppServer":
+        import httpx
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llama_cpp.server", "--model", self.gguf, "--model_alias", self.model_alias,
+                 "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+                 "--n_threads", str(self.threads), "--n_threads_batch", str(self.threads), "--interrupt_requests", "False"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        raise TimeoutError(f"llama_cpp.server on port {self.port} not up after {timeout} s; see {self.log_path}")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)

@@ -21,6 +21,7 @@ from dispatcher.decision import Selection
 from dispatcher.fleet import inflight_key
 from dispatcher.jobs import EngineError, GenerationJob, JobError, JobResult, Timings, Usage
 from dispatcher.jobstore import JobStore
+from dispatcher.streams import StreamPublisher
 from workers.cancel_watch import CancelWatcher
 from workers.engines.base import Engine, EngineOutput
 
@@ -36,6 +37,7 @@ class Runtime:
     redis: redis.Redis
     worker_id: str
     cancels: CancelWatcher
+    streams: StreamPublisher | None = None  # text deltas of jobs submitted with stream=True
     time_limit_s: float | None = None  # a job running longer fails with JobTimeoutError
 
 
@@ -60,11 +62,15 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
     attempt = begin.attempt
     log.info("job %s: model=%s attempt=%d max_tokens=%d", job.id, job.model, attempt, job.sampling.max_tokens)
     rt.cancels.watch(job.id)
+    streams = rt.streams if job.stream else None
+    status = "failed"
     try:
         if begin.cancelled:  # cancelled while queued: never reaches the model
             out = EngineOutput([], "", "cancelled", len(rt.engine.encode(job)), None, time.time())
         else:
-            out = rt.engine.generate(job, timeout=rt.time_limit_s)
+            on_text = (lambda delta: streams.delta(job.id, delta)) if streams else None
+            out = rt.engine.generate(job, timeout=rt.time_limit_s, on_text=on_text)
+        status = "cancelled" if out.finish_reason == "cancelled" else "completed"
     except JobError as exc:
         _record_failure(rt, job.id, exc)
         raise
@@ -75,6 +81,8 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
         raise err from None
     finally:
         rt.cancels.unwatch(job.id)
+        if streams:
+            streams.end(job.id, status)
     result = build_result(job, selection, out, started, rt.worker_id, attempt)
     payload = result.model_dump(mode="json")
     if not rt.store.finish(job.id, result.status, payload):

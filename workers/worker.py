@@ -22,6 +22,7 @@ from dispatcher.celery_app import get_app
 from dispatcher.decision import BackendSpec, queue_for
 from dispatcher.fleet import WorkerInfo
 from dispatcher.jobstore import JobStore
+from dispatcher.streams import StreamPublisher
 from dispatcher.registry import ModelRegistry
 from workers import hardware, reaper, tasks
 from workers.cancel_watch import CancelWatcher
@@ -94,6 +95,7 @@ def run_worker(
         redis=client,
         worker_id=worker_id,
         cancels=cancels,
+        streams=StreamPublisher(client, ttl_s=int(cfg["celery"]["result_expires_s"])),
         time_limit_s=float(cfg["celery"]["job_time_limit_s"]),
     )
     tasks.register(app)

@@ -84,3 +84,11 @@ def test_a_worker_with_a_bad_gguf_refuses_to_start(tmp_path, redis_url, kind):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "worker not started" in out.stdout
     assert ("not found" if kind == "missing" else "is not a GGUF file") in out.stdout
+
+
+def test_streaming_sends_the_answer_as_it_is_generated(client, cpu_fleet):
+    handle = client.submit(model=MODEL, messages=chat("Name four seasons."), sampling={"max_tokens": 32},
+                           backend="llamacpp", stream=True)  # fmt: skip
+    deltas = list(handle.stream(timeout=120))
+    result = handle.result(timeout=60)
+    assert len(deltas) > 3 and "".join(deltas) == result.text

@@ -5,15 +5,12 @@ request the server refuses."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import time
 
-import httpx
 import pytest
 
 from conftest import ARTIFACTS, start_worker
+from dispatcher.localfleet import LlamaCppServer
 from dispatcher.jobs import ContextOverflowError, EngineError, JobError
 
 pytestmark = pytest.mark.integration
@@ -21,48 +18,9 @@ pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`python -m llama_cpp.server` on a fixed loopback port, restartable."""
-
-    def __init__(self, gguf: str, port: int) -> None:
-        self.gguf, self.port = gguf, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "Server":
-        log = (ARTIFACTS / "logs" / f"llama-server-{self.port}.log").open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", self.gguf, "--model_alias", MODEL, "--host", "127.0.0.1",
-             "--port", str(self.port), "--n_ctx", "1024", "--n_threads", "1", "--interrupt_requests", "False"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited with {self.proc.returncode}; see {log.name}")
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        raise TimeoutError(f"llama_cpp.server on {self.port} did not start")
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def server(registry):
-    (ARTIFACTS / "logs").mkdir(parents=True, exist_ok=True)
-    s = Server(str(registry.get(MODEL).artifact_path("gguf")), free_port()).start()
+    s = LlamaCppServer(str(registry.get(MODEL).artifact_path("gguf")), MODEL, log_dir=ARTIFACTS / "logs").start()
     yield s
     s.kill()
 
@@ -119,3 +77,10 @@ def test_a_job_the_server_cannot_run_fails_typed_at_once_and_the_worker_keeps_se
         too_long.result(timeout=120)
     assert isinstance(err.value, (EngineError, ContextOverflowError)) and time.monotonic() - t0 < 30
     assert client.submit(tgi_job("Say hello.", 4)).result(timeout=120).status == "completed"
+
+
+def test_streaming_passes_the_servers_deltas_through(client, tgi_worker):
+    handle = client.submit({**tgi_job("Name four seasons.", 32), "stream": True})
+    deltas = list(handle.stream(timeout=120))
+    result = handle.result(timeout=60)
+    assert len(deltas) > 3 and "".join(deltas) == result.text

@@ -74,6 +74,14 @@ def test_a_cancelled_job_is_aborted_in_the_engine_and_the_others_finish(client, 
     assert all(h.result(timeout=120).status == "completed" for h in short)
 
 
+def test_streaming_sends_the_answer_as_it_is_generated(client, vllm_worker):
+    handle = client.submit({**vllm_job("Count from one to ten in words.", 48), "stream": True,
+                            "sampling": {"max_tokens": 48, "stop": ["seven"]}})  # fmt: skip
+    deltas = list(handle.stream(timeout=120))
+    result = handle.result(timeout=60)
+    assert len(deltas) > 3 and "".join(deltas) == result.text and "seven" not in result.text
+
+
 def test_a_worker_killed_mid_batch_loses_no_job(client, redis_url, vllm_worker):
     handles = client.submit_many(vllm_job(f"Tell a long story about a dragon named {n}.", 400)
                                  for n in ["Ash", "Birch", "Cedar", "Dune", "Ember", "Fern"])  # fmt: skip

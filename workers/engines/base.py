@@ -59,6 +59,8 @@ class EngineRequest:
     finish_reason: str | None = None
     aborted: bool = False  # set when the caller gave up (time limit): the engine drops it
     cached_tokens: int = 0  # prompt tokens whose KV state came from a prefix cache
+    on_text: Callable[[str], None] | None = None  # streaming: receives text deltas
+    streamed: int = 0  # characters of text already sent to on_text
 
 
 class Engine(ABC):
@@ -124,10 +126,14 @@ class Engine(ABC):
         """Complete a request with its text: EOS dropped, cut before the first stop string."""
         text = self.decode([t for t in r.tokens if t not in self.eos_ids])
         cut = first_stop(text, r.sampling.stop)
+        text = text if cut is None else text[:cut]
+        if r.on_text is not None and len(text) > r.streamed:
+            r.on_text(text[r.streamed :])  # what streaming held back
+            r.streamed = len(text)
         r.future.set_result(
             EngineOutput(
                 token_ids=list(r.tokens),
-                text=text if cut is None else text[:cut],
+                text=text,
                 finish_reason=r.finish_reason or "length",
                 prompt_tokens=len(r.prompt_ids),
                 first_token_at=r.first_token_at,
@@ -155,12 +161,15 @@ class Engine(ABC):
                 {"context_length": self.max_model_len, "prompt_tokens": len(prompt_ids), "max_tokens": job.sampling.max_tokens},
             )
 
-    def generate(self, job: GenerationJob, timeout: float | None = None) -> EngineOutput:
+    def generate(
+        self, job: GenerationJob, timeout: float | None = None, on_text: Callable[[str], None] | None = None
+    ) -> EngineOutput:
         """Run one job to completion (blocking the calling task thread); past ``timeout``
-        the job is dropped from the engine and JobTimeoutError raised."""
+        the job is dropped from the engine and JobTimeoutError raised. ``on_text`` gets
+        the text as it is generated, in deltas."""
         prompt_ids = self.encode(job)
         self.check_context(job, prompt_ids)
-        request = EngineRequest(job_id=job.id, prompt_ids=prompt_ids, sampling=job.sampling)
+        request = EngineRequest(job_id=job.id, prompt_ids=prompt_ids, sampling=job.sampling, on_text=on_text)
         with self._lock:
             self._in_flight += 1
         try:

@@ -35,6 +35,8 @@ def append_token(engine: Engine, req: EngineRequest, tok: int, eos: set[int], no
     req.tokens.append(tok)
     if req.first_token_at is None:
         req.first_token_at = now or time.time()
+    if req.on_text is not None:
+        stream_text(engine, req)
     if tok in eos:
         return "stop"
     if req.sampling.stop and first_stop(engine.decode(req.tokens), req.sampling.stop) is not None:
@@ -42,6 +44,22 @@ def append_token(engine: Engine, req: EngineRequest, tok: int, eos: set[int], no
     if len(req.tokens) >= req.sampling.max_tokens:
         return "length"
     return None
+
+
+def stream_text(engine: Engine, req: EngineRequest) -> None:
+    """Send the request's new text to its on_text, holding back what may still change: a
+    character whose bytes are not all generated yet, and a tail that could be the start
+    of a stop string (deliver() sends the rest, cut at the stop)."""
+    text = engine.decode([t for t in req.tokens if t not in engine.eos_ids]).rstrip("\ufffd")
+    stops = req.sampling.stop
+    cut = first_stop(text, stops)
+    if cut is not None:
+        text = text[:cut]
+    elif stops:
+        text = text[: max(0, len(text) - (max(map(len, stops)) - 1))]
+    if len(text) > req.streamed and req.on_text is not None:
+        req.on_text(text[req.streamed :])
+        req.streamed = len(text)
 
 
 class BatchProgress:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import openai
@@ -82,14 +82,16 @@ class TgiEngine(Engine):
     def submit(self, request: Any) -> None:  # generate() is overridden: nothing is queued here
         raise NotImplementedError
 
-    def generate(self, job: GenerationJob, timeout: float | None = None) -> EngineOutput:
+    def generate(
+        self, job: GenerationJob, timeout: float | None = None, on_text: Callable[[str], None] | None = None
+    ) -> EngineOutput:
         with self._lock:
             self._in_flight += 1
         try:
             attempts = int(self.config.get("request_retries", 2)) + 1
             for attempt in range(1, attempts + 1):
                 try:
-                    return self._stream(job, timeout)
+                    return self._stream(job, timeout, on_text if attempt == 1 else None)
                 except (openai.APIConnectionError, openai.InternalServerError, httpx.TransportError) as exc:
                     if attempt == attempts:
                         raise EngineError(
@@ -120,7 +122,7 @@ class TgiEngine(Engine):
             args["stop"] = list(s.stop)
         return args
 
-    def _stream(self, job: GenerationJob, timeout: float | None) -> EngineOutput:
+    def _stream(self, job: GenerationJob, timeout: float | None, on_text: Callable[[str], None] | None) -> EngineOutput:
         started = time.monotonic()
         try:
             if job.messages is not None:
@@ -146,6 +148,8 @@ class TgiEngine(Engine):
                     if piece:
                         parts.append(piece)
                         pieces += 1
+                        if on_text is not None:
+                            on_text(piece)
                         first_token_at = first_token_at or time.time()
                     finish = choice.finish_reason or finish
                 if self.cancelled([job.id]):

@@ -30,6 +30,7 @@ from transformers import AutoTokenizer
 from dispatcher import settings
 from dispatcher.jobs import EngineError, SamplingParams
 from workers.engines.base import Engine, EngineRequest, fail_requests
+from workers.engines.decoding import stream_text
 from workers.engines.hf_tokens import HFTokenizerMixin
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,8 @@ class VllmEngine(HFTokenizerMixin, Engine):
                 r.tokens.extend(completion.token_ids)
                 if r.first_token_at is None:
                     r.first_token_at = time.time()
+                if r.on_text is not None:
+                    stream_text(self, r)
             if out.finished:
                 r.cached_tokens = out.num_cached_tokens or 0
                 reason = completion.finish_reason
