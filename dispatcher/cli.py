@@ -221,7 +221,7 @@ def broker(port: int = 16379) -> None:
 
 @app.command()
 def demo(
-    prompts: Annotated[int, typer.Option(help="how many demo prompts to run")] = 8,
+    prompts: Annotated[int, typer.Option(help="how many demo prompts to run")] = 12,
     max_tokens: MaxTokOpt = 48,
 ) -> None:
     """Start a broker (unless REDIS_URL is set), a PyTorch and an ONNX worker, run real prompts, stop everything."""

