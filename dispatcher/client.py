@@ -39,10 +39,11 @@ from dispatcher.registry import ModelRegistry
 class JobHandle:
     """What submit returns: where the job went and why, and how to get its result."""
 
-    def __init__(self, client: "Client", job_id: str, selection: Selection | None) -> None:
+    def __init__(self, client: "Client", job_id: str, selection: Selection | None, streaming: bool | None = None) -> None:
         self.client = client
         self.id = job_id
         self.selection = selection
+        self.streaming = streaming  # submitted with stream=True (None: not known here)
 
     @property
     def backend(self) -> str | None:
@@ -58,6 +59,8 @@ class JobHandle:
     def stream(self, timeout: float | None = None) -> Iterator[str]:
         """The answer's text as it is generated, in deltas (the job must be submitted with
         ``stream=True``); ends when the job ends. ``result()`` then has the whole answer."""
+        if self.streaming is False:
+            raise ValueError(f"job {self.id} was submitted without stream=True: use result()")
         return read_stream(self.client.redis, self.id, timeout=timeout)
 
     def status(self) -> str:
@@ -137,7 +140,7 @@ class Client:
                 # The broker refused: these jobs were not queued, so resubmitting them must work.
                 self.store.release([j.id for j, _ in todo[i:]])
                 raise
-        return [JobHandle(self, job.id, sel) for job, sel in zip(parsed, selections)]
+        return [JobHandle(self, job.id, sel, job.stream) for job, sel in zip(parsed, selections)]
 
     def _enqueue(self, job: GenerationJob, sel: Selection) -> None:
         # argsrepr is what logs and Flower show: a summary, never the prompt text.

@@ -92,3 +92,7 @@ def test_streaming_sends_the_answer_as_it_is_generated(client, cpu_fleet):
     deltas = list(handle.stream(timeout=120))
     result = handle.result(timeout=60)
     assert len(deltas) > 3 and "".join(deltas) == result.text
+    plain = client.submit(model=MODEL, messages=chat("Hi"), sampling={"max_tokens": 2}, backend="llamacpp")
+    with pytest.raises(ValueError, match="stream=True"):
+        plain.stream()
+    assert plain.result(timeout=60).status == "completed"
