@@ -1,0 +1,95 @@
+"""OpenAI Batch JSONL parsing (per-line errors, both line shapes) and output records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dispatcher.batch_format import (
+    CHAT_URL,
+    COMPLETIONS_URL,
+    LineError,
+    ParsedLine,
+    error_record,
+    output_record,
+    parse_line,
+)
+from dispatcher.jobs import JobResult, Timings, Usage
+from dispatcher.registry import ModelRegistry
+
+MODEL = "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return ModelRegistry.from_config()
+
+
+def parse(registry, line: str | dict, seen: set[str] | None = None, **defaults):
+    raw = json.dumps(line) if isinstance(line, dict) else line
+    return parse_line(7, raw, registry, {"priority": "batch", **defaults}, set() if seen is None else seen)
+
+
+def test_an_openai_batch_chat_line(registry):
+    p = parse(registry, {"custom_id": "a", "method": "POST", "url": CHAT_URL,
+                         "body": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9, "temperature": 0}})  # fmt: skip
+    assert isinstance(p, ParsedLine) and p.custom_id == "a" and p.url == CHAT_URL
+    assert p.job.messages[0].content == "Hi" and p.job.sampling.max_tokens == 9
+    assert p.job.custom_id == "a" and p.job.priority.value == "batch"
+
+
+def test_a_plain_prompt_line_takes_the_default_model(registry):
+    p = parse(registry, {"custom_id": "b", "prompt": "Once upon a time", "stop": "\n"}, model=MODEL)
+    assert isinstance(p, ParsedLine) and p.url == COMPLETIONS_URL
+    assert p.job.model == MODEL and p.job.prompt == "Once upon a time" and p.job.sampling.stop == ["\n"]
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "words"),
+    [
+        ("{not json", "invalid_json", "not valid JSON"),
+        ("[1, 2]", "invalid_request", "not a JSON object"),
+        ({"prompt": "x", "model": MODEL}, "missing_custom_id", "no custom_id"),
+        ({"custom_id": "c", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "x"}}, "invalid_url", "/v1/embeddings"),
+        ({"custom_id": "c", "url": CHAT_URL, "body": {"model": MODEL, "prompt": "x"}}, "invalid_request", "needs 'messages'"),
+        ({"custom_id": "c", "prompt": "x", "model": "gpt-9"}, "model_not_found", "known models: smollm2-135m"),
+        ({"custom_id": "c", "prompt": "x", "model": MODEL, "max_tokens": 0}, "invalid_request", "max_tokens"),
+        ({"custom_id": "c", "prompt": "x", "model": MODEL, "tools": []}, "invalid_request", "unknown field(s) tools"),
+        ({"custom_id": "c", "prompt": "x"}, "invalid_request", "no model"),
+    ],
+)
+def test_bad_lines_become_error_records_naming_the_line(registry, line, code, words):
+    e = parse(registry, line)
+    assert isinstance(e, LineError) and e.code == code and words in e.message and "line 7" in e.message
+
+
+def test_a_duplicate_custom_id_is_refused(registry):
+    seen: set[str] = set()
+    assert isinstance(parse(registry, {"custom_id": "d", "prompt": "x", "model": MODEL}, seen), ParsedLine)
+    e = parse(registry, {"custom_id": "d", "prompt": "y", "model": MODEL}, seen)
+    assert isinstance(e, LineError) and e.code == "duplicate_custom_id"
+
+
+def test_blank_lines_are_skipped(registry):
+    assert parse(registry, "   ") is None
+
+
+def result(text: str = "Paris.") -> JobResult:
+    return JobResult(id="j1", status="completed", model=MODEL, text=text, token_ids=[1, 2], finish_reason="stop",
+                     usage=Usage(prompt_tokens=10, completion_tokens=2, cached_tokens=4),
+                     timings=Timings(submitted=1.0, started=1.1, first_token=1.2, finished=1.5),
+                     backend="onnx", worker="w", path=[], attempt=1)  # fmt: skip
+
+
+def test_output_records_are_shaped_like_openai_batch_output():
+    chat = output_record("a", result(), CHAT_URL)
+    assert chat["custom_id"] == "a" and chat["error"] is None and chat["response"]["status_code"] == 200
+    body = chat["response"]["body"]
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"] == {"role": "assistant", "content": "Paris."}
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
+                             "prompt_tokens_details": {"cached_tokens": 4}}  # fmt: skip
+    text = output_record("b", result(), COMPLETIONS_URL)["response"]["body"]
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "Paris."
+    err = error_record("c", "invalid_json", "line 3 is not valid JSON")
+    assert err["response"] is None and err["error"] == {"code": "invalid_json", "message": "line 3 is not valid JSON"}
