@@ -120,13 +120,23 @@ def submit(
     hardware: HardwareOpt = None,
     backend: BackendOpt = None,
     wait: Annotated[bool, typer.Option(help="wait and print the answer")] = True,
+    stream: Annotated[bool, typer.Option(help="print the answer as it is generated")] = False,
     timeout: Annotated[float, typer.Option(help="seconds to wait")] = 300,
 ) -> None:
     """Submit one job; prints its id (and, with --wait, its answer)."""
     client = _client()
     try:
-        handle = client.submit(_job(model, prompt, message, max_tokens, temperature, latency_ms, throughput, hardware, backend))
+        job = {**_job(model, prompt, message, max_tokens, temperature, latency_ms, throughput, hardware, backend), "stream": stream}
+        handle = client.submit(job)
         console.print(f"job [bold]{handle.id}[/] → {handle.backend} ({handle.selection.queue})")
+        if stream:
+            try:
+                for delta in handle.stream(timeout=timeout):
+                    print(delta, end="", flush=True)
+            except TimeoutError as exc:
+                console.print(f"\n[red]{exc}[/]; the job goes on: `ib result {handle.id}`")
+                raise typer.Exit(1) from None
+            print()
         if wait:
             print_results([handle.result(timeout=timeout)])
     except JobError as exc:

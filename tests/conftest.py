@@ -127,3 +127,12 @@ def start_worker_with_artifact(tmp_path: Path, redis_url: str, backend: str, fmt
     env = {**os.environ, "IB_CONFIG_DIR": str(cfg), "REDIS_URL": redis_url, "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "dispatcher.cli", "worker", "--backend", backend],
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def ib(*args: str, redis_url: str):
+    """Run the `ib` CLI against ``redis_url``; returns the finished process."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "REDIS_URL": redis_url, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "dispatcher.cli", *args], env=env, capture_output=True, text=True, timeout=120)

@@ -9,6 +9,8 @@ import sys
 import pytest
 import redis
 
+from conftest import ib
+
 from dispatcher.broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
@@ -33,11 +35,6 @@ def test_embedded_broker_requires_the_password_from_the_environment(tmp_path, mo
             redis.Redis(port=broker.server.port).ping()
 
 
-def ib(*args: str, redis_url: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "REDIS_URL": redis_url, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "dispatcher.cli", *args], env=env, capture_output=True, text=True, timeout=120)
-
-
 def test_ib_explain_prints_the_path(redis_url):
     out = ib("explain", "--latency-ms", "50", "--hardware", "cpu", redis_url=redis_url)
     assert out.returncode == 0, out.stderr
@@ -59,7 +56,7 @@ def test_ib_models_list(redis_url):
 def test_ib_submit_and_workers_against_a_live_worker(redis_url, pytorch_worker):
     out = ib("workers", redis_url=redis_url)
     assert pytorch_worker.worker_id in out.stdout
-    out = ib("submit", "-m", "What is the capital of France?", "--max-tokens", "12", redis_url=redis_url)
+    out = ib("submit", "-m", "What is the capital of France?", "--max-tokens", "12", "--backend", "pytorch", redis_url=redis_url)
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout and "pytorch" in out.stdout and "TTFT" in out.stdout
 

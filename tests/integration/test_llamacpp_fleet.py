@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import start_worker, start_worker_with_artifact
+from conftest import ib, start_worker, start_worker_with_artifact
 from dispatcher.jobs import ContextOverflowError
 
 pytestmark = pytest.mark.integration
@@ -96,3 +96,15 @@ def test_streaming_sends_the_answer_as_it_is_generated(client, cpu_fleet):
     with pytest.raises(ValueError, match="stream=True"):
         plain.stream()
     assert plain.result(timeout=60).status == "completed"
+
+
+
+def test_ib_submit_stream_prints_the_answer_as_it_comes(client, redis_url, cpu_fleet):
+    out = ib("submit", "--backend", "llamacpp", "-m", "Name four seasons.", "--max-tokens", "24", "--stream", "--no-wait",
+             redis_url=redis_url)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, _, streamed = out.stdout.partition("\n")
+    assert first.startswith("job ") and "llamacpp" in first
+    job_id = first.split()[1]
+    text = client.result(job_id, timeout=60).text
+    assert text and streamed.rstrip("\n") == text
