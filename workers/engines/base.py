@@ -14,8 +14,9 @@ import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from dispatcher.jobs import ContextOverflowError, EngineError, GenerationJob, JobTimeoutError, SamplingParams
 from dispatcher.registry import ModelSpec
@@ -170,9 +171,7 @@ class Engine(ABC):
         prompt_ids = self.encode(job)
         self.check_context(job, prompt_ids)
         request = EngineRequest(job_id=job.id, prompt_ids=prompt_ids, sampling=job.sampling, on_text=on_text)
-        with self._lock:
-            self._in_flight += 1
-        try:
+        with self.counted_in_flight():
             self.submit(request)
             try:
                 return request.future.result(timeout=timeout)
@@ -181,6 +180,14 @@ class Engine(ABC):
                 raise JobTimeoutError(
                     f"job {job.id} exceeded the {timeout:g} s time limit", {"time_limit_s": timeout}
                 ) from None
+
+    @contextmanager
+    def counted_in_flight(self) -> Iterator[None]:
+        """Count a job as in flight (the heartbeat's load figure) while the block runs."""
+        with self._lock:
+            self._in_flight += 1
+        try:
+            yield
         finally:
             with self._lock:
                 self._in_flight -= 1

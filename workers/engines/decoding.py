@@ -35,22 +35,27 @@ def append_token(engine: Engine, req: EngineRequest, tok: int, eos: set[int], no
     req.tokens.append(tok)
     if req.first_token_at is None:
         req.first_token_at = now or time.time()
+    # One decode serves both the stream and the stop-string check.
+    text = engine.decode([t for t in req.tokens if t not in eos]) if req.on_text or req.sampling.stop else ""
     if req.on_text is not None:
-        stream_text(engine, req)
+        stream_text(engine, req, text)
     if tok in eos:
         return "stop"
-    if req.sampling.stop and first_stop(engine.decode(req.tokens), req.sampling.stop) is not None:
+    if req.sampling.stop and first_stop(text, req.sampling.stop) is not None:
         return "stop"
     if len(req.tokens) >= req.sampling.max_tokens:
         return "length"
     return None
 
 
-def stream_text(engine: Engine, req: EngineRequest) -> None:
-    """Send the request's new text to its on_text, holding back what may still change: a
-    character whose bytes are not all generated yet, and a tail that could be the start
-    of a stop string (deliver() sends the rest, cut at the stop)."""
-    text = engine.decode([t for t in req.tokens if t not in engine.eos_ids]).rstrip("\ufffd")
+def stream_text(engine: Engine, req: EngineRequest, text: str | None = None) -> None:
+    """Send the request's new text (``text``: its tokens decoded, if the caller has it)
+    to its on_text, holding back what may still change: a character whose bytes are not
+    all generated yet, and a tail that could be the start of a stop string (deliver()
+    sends the rest, cut at the stop)."""
+    if text is None:
+        text = engine.decode([t for t in req.tokens if t not in engine.eos_ids])
+    text = text.rstrip("\ufffd")
     stops = req.sampling.stop
     cut = first_stop(text, stops)
     if cut is not None:

@@ -137,6 +137,7 @@ class LlamaCppEngine(Engine):
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.eos_ids = [t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)]
+        self._eos = set(self.eos_ids)
         self.chat = self._chat_formatter()
 
         params = llama_cpp.llama_context_params.from_buffer_copy(self.llm.context_params)
@@ -270,10 +271,9 @@ class LlamaCppEngine(Engine):
             self._admit_one(r)
 
     def _admit_one(self, r: EngineRequest) -> None:
-        if r.aborted or self.cancelled([r.job_id]):
-            r.finish_reason = "cancelled"
-            self.deliver(r)
-        elif not self._free or self._reserved + reservation(r) > self.n_ctx or self._prefix_in_progress(r.prompt_ids):
+        if not self.drop_cancelled([r]):
+            return  # cancelled (or given up on) while waiting: answered, never started
+        if not self._free or self._reserved + reservation(r) > self.n_ctx or self._prefix_in_progress(r.prompt_ids):
             self._held.append(r)
         else:
             self._start(r)
@@ -350,12 +350,12 @@ class LlamaCppEngine(Engine):
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} ({len(self._running)} sequences)")
         self.steps += 1
-        eos, now = set(self.eos_ids), time.time()
+        now = time.time()
         for s, idx in outputs:
             if s.save_prefix and len(s.request.tokens) == 0:
                 self._save_prefix(s)
             tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx)
-            if reason := append_token(self, s.request, tok, eos, now):
+            if reason := append_token(self, s.request, tok, self._eos, now):
                 self._finish(s, reason)
         running = list(self._running)
         cancelled = self.cancelled([s.request.job_id for s in running])

@@ -85,9 +85,7 @@ class TgiEngine(Engine):
     def generate(
         self, job: GenerationJob, timeout: float | None = None, on_text: Callable[[str], None] | None = None
     ) -> EngineOutput:
-        with self._lock:
-            self._in_flight += 1
-        try:
+        with self.counted_in_flight():
             attempts = int(self.config.get("request_retries", 2)) + 1
             for attempt in range(1, attempts + 1):
                 try:
@@ -102,9 +100,6 @@ class TgiEngine(Engine):
                     log.warning("job %s: %s; retrying in %.1f s (%d/%d)", job.id, type(exc).__name__, backoff, attempt, attempts)
                     time.sleep(backoff)
             raise AssertionError("unreachable")
-        finally:
-            with self._lock:
-                self._in_flight -= 1
 
     def _request(self, job: GenerationJob) -> dict[str, Any]:
         s = job.sampling
