@@ -46,11 +46,16 @@ class ParsedLine:
 
 
 def parse_line(
-    line_no: int, raw: str | bytes, registry: ModelRegistry, defaults: dict[str, Any], seen: set[str]
+    line_no: int,
+    raw: str | bytes,
+    registry: ModelRegistry,
+    defaults: dict[str, Any],
+    seen: set[str],
+    endpoint: str | None = None,
 ) -> ParsedLine | LineError | None:
     """One input line. ``defaults`` fill in what a line leaves out (model, priority,
-    batch_id, slo); ``seen`` collects custom_ids so a duplicate is refused. Blank lines
-    give None."""
+    batch_id, slo); ``seen`` collects custom_ids so a duplicate is refused; ``endpoint``,
+    if given, is the one url every line must use. Blank lines give None."""
     if not (text := raw.decode() if isinstance(raw, bytes) else raw).strip():
         return None
     try:
@@ -76,6 +81,8 @@ def parse_line(
     else:  # the plain shape
         body = {k: v for k, v in data.items() if k != "custom_id"}
         url = CHAT_URL if "messages" in body else COMPLETIONS_URL
+    if endpoint and url != endpoint:
+        return LineError(line_no, custom_id, "invalid_url", f"line {line_no}: url {url} differs from the batch's endpoint {endpoint}")
     if (url == CHAT_URL) != ("messages" in body):
         need = "messages" if url == CHAT_URL else "prompt"
         return LineError(line_no, custom_id, "invalid_request", f"line {line_no}: {url} needs {need!r}")
@@ -94,6 +101,7 @@ def parse_line(
             prompt=body.get("prompt"),
             sampling={k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None},
             custom_id=custom_id,
+            **batch_ids(defaults.get("batch_id"), line_no),
             **{k: v for k, v in defaults.items() if k != "model"},
         )
     except UnknownModelError as exc:
@@ -103,6 +111,15 @@ def parse_line(
         where = ".".join(str(p) for p in first["loc"])
         return LineError(line_no, custom_id, "invalid_request", f"line {line_no}: {where}: {first['msg']}")
     return ParsedLine(line_no, custom_id, url, job)
+
+
+def line_job_id(batch_id: str, line: int) -> str:
+    """A batch line's job id: the same on every feed, so a line is never enqueued twice."""
+    return f"{batch_id}-{line}"
+
+
+def batch_ids(batch_id: str | None, line: int) -> dict[str, Any]:
+    return {"id": line_job_id(batch_id, line), "batch_line": line} if batch_id else {}
 
 
 def response_body(result: JobResult, url: str, created: int | None = None) -> dict[str, Any]:

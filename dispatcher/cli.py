@@ -17,11 +17,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from dispatcher import settings
+from dispatcher.batch_cli import batch_app
 from dispatcher.jobs import BACKENDS, JobError, JobResult
 
 app = typer.Typer(help="InferenceBackend: one job queue in front of five LLM engines.", no_args_is_help=True)
 models_app = typer.Typer(help="The ModelRegistry: list models, prepare derived formats.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+app.add_typer(batch_app, name="batch")
 console = Console()
 
 ModelOpt = Annotated[str, typer.Option("--model", help="registered model name")]

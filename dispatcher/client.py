@@ -12,9 +12,8 @@ enqueued: a bad job raises a typed JobError and nothing reaches the queue.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Iterator
-
-import redis
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from dispatcher import settings
 from dispatcher.celery_app import GENERATE_TASK, BrokerNotConfigured, get_app
@@ -34,6 +33,9 @@ from dispatcher.jobs import (
 from dispatcher.jobstore import JobStore
 from dispatcher.streams import read_stream
 from dispatcher.registry import ModelRegistry
+
+if TYPE_CHECKING:
+    from dispatcher.batches import Batches
 
 
 class JobHandle:
@@ -74,11 +76,12 @@ class JobHandle:
 
 
 class Client:
-    def __init__(self, redis_url: str | None = None, registry: ModelRegistry | None = None) -> None:
+    def __init__(self, redis_url: str | None = None, registry: ModelRegistry | None = None, resilient: bool = False) -> None:
+        """``resilient``: ride out a broker restart (retry with backoff) instead of failing."""
         url = redis_url or settings.redis_url()
         if not url:
             raise BrokerNotConfigured("no broker configured: pass redis_url or set REDIS_URL")
-        self.redis = redis.Redis.from_url(url)
+        self.redis = settings.redis_client(url, resilient=resilient)
         self.app = get_app(url)
         self.registry = registry or ModelRegistry.from_config()
         cfg = settings.fleet_config()
@@ -88,6 +91,13 @@ class Client:
         self.store = JobStore(self.redis, ttl_s=int(cfg["celery"]["result_expires_s"]))
         self.fleet_cache_s = float(cfg["client"]["fleet_cache_s"])
         self._fleet: tuple[float, FleetView] | None = None
+
+    @cached_property
+    def batches(self) -> "Batches":
+        """Offline batch jobs (OpenAI Batch JSONL): create, retrieve, list, cancel, results."""
+        from dispatcher.batches import Batches
+
+        return Batches(self)
 
     # ------------------------------------------------------------- deciding
 
@@ -102,7 +112,7 @@ class Client:
 
     def explain(self, job: GenerationJob | dict[str, Any] | None = None, **fields: Any) -> Selection:
         """The decision for a job, without running it."""
-        return self._decide(self._parse(job, fields), self.workers(max_age_s=0))
+        return self.decide(self._parse(job, fields), self.workers(max_age_s=0))
 
     def _parse(self, job: GenerationJob | dict[str, Any] | None, fields: dict[str, Any]) -> GenerationJob:
         raw = job if job is not None else fields
@@ -113,7 +123,7 @@ class Client:
             )
         return parse_job(raw)
 
-    def _decide(self, job: GenerationJob, fleet: FleetView) -> Selection:
+    def decide(self, job: GenerationJob, fleet: FleetView) -> Selection:
         return decide(job, self.registry.get(job.model), fleet, self.policy, self.backends)
 
     # ------------------------------------------------------------- submitting
@@ -125,22 +135,34 @@ class Client:
         """Validate and decide every job first (one fleet read); enqueue only if all pass."""
         parsed = [self._parse(j, {}) for j in jobs]
         fleet = self.workers()
-        selections = [self._decide(j, fleet) for j in parsed]
+        selections = [self.decide(j, fleet) for j in parsed]
+        self.enqueue(list(zip(parsed, selections)))
+        return [JobHandle(self, job.id, sel, job.stream) for job, sel in zip(parsed, selections)]
+
+    def enqueue(self, pairs: list[tuple[GenerationJob, Selection]], resume: bool = False) -> None:
+        """Create the job records and send the new jobs (a known id is never sent twice).
+
+        ``resume`` (the batch feeder): also send jobs whose record exists but was never
+        marked sent (a feeder died between the two), and mark what was sent."""
+        if not pairs:
+            return
         fresh = self.store.claim(
-            [
-                (j.id, {"model": j.model, "backend": s.backend, "queue": s.queue, "submitted_at": j.submitted_at})
-                for j, s in zip(parsed, selections)
-            ]
+            [(j.id, {"model": j.model, "backend": s.backend, "queue": s.queue, "submitted_at": j.submitted_at}) for j, s in pairs]
         )
-        todo = [(job, sel) for job, sel, new in zip(parsed, selections, fresh) if new]
+        todo = [pair for pair, new in zip(pairs, fresh) if new]
+        if resume and not all(fresh):
+            known = [pair for pair, new in zip(pairs, fresh) if not new]
+            todo += [pair for pair, unsent in zip(known, self.store.unsent([j.id for j, _ in known])) if unsent]
         for i, (job, sel) in enumerate(todo):
             try:
                 self._enqueue(job, sel)
             except Exception:
                 # The broker refused: these jobs were not queued, so resubmitting them must work.
-                self.store.release([j.id for j, _ in todo[i:]])
+                created = {j.id for (j, _), new in zip(pairs, fresh) if new}
+                self.store.release([j.id for j, _ in todo[i:] if j.id in created])
                 raise
-        return [JobHandle(self, job.id, sel, job.stream) for job, sel in zip(parsed, selections)]
+        if resume:
+            self.store.mark_sent([j.id for j, _ in todo])
 
     def _enqueue(self, job: GenerationJob, sel: Selection) -> None:
         # argsrepr is what logs and Flower show: a summary, never the prompt text.

@@ -80,6 +80,7 @@ class GenerationJob(BaseModel):
     priority: Priority = Priority.normal
     batch_id: str | None = None
     custom_id: str | None = None
+    batch_line: int | None = Field(default=None, ge=1)  # the line of the batch file it came from
     stream: bool = False  # publish text deltas as they are generated (JobHandle.stream())
     submitted_at: float = Field(default_factory=time.time)
 

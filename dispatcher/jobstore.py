@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from dispatcher.batchstore import RECORD_LINE_FN, line_keys
 from dispatcher.jobs import JobStatus, UnknownJobError
 
 
@@ -34,6 +35,16 @@ def done_key(job_id: str) -> str:
     return f"ib:done:{job_id}"
 
 
+class LineRecord(NamedTuple):
+    """The batch line a job answers, and its output (or error) record."""
+
+    batch_id: str
+    line: int
+    record: dict[str, Any]
+    kind: str  # completed | failed
+    tokens: int = 0
+
+
 class Begin(NamedTuple):
     """What a delivery learns when it starts: its attempt number, whether the job was
     cancelled before it ran, or the outcome of an earlier delivery that finished it."""
@@ -47,6 +58,9 @@ class JobStore:
     def __init__(self, client: redis.Redis, ttl_s: int) -> None:
         self.r = client
         self.ttl_s = ttl_s
+        self._begin = client.register_script(self._BEGIN)
+        self._finish = client.register_script(self._FINISH)
+        self._finish_with_line = client.register_script(self._FINISH_WITH_LINE)
 
     # One script per job, all jobs in one pipeline: create the record only if the id is
     # new, so resubmitting a job id never enqueues it twice.
@@ -68,8 +82,8 @@ class JobStore:
         return [bool(created) for created in pipe.execute()]
 
     # A delivery either finds the final outcome (a redelivered job that already finished)
-    # or becomes the next attempt, learning in the same round trip whether the job was
-    # cancelled while it waited in the queue.
+    # or becomes the next attempt, learning in the same round trip whether the job (or
+    # its batch: KEYS[3]) was cancelled while it waited in the queue.
     _BEGIN = """
     local final = redis.call('HGET', KEYS[1], 'final')
     if final then
@@ -80,32 +94,49 @@ class JobStore:
     local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
     redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started_at', ARGV[2])
     redis.call('EXPIRE', KEYS[1], ARGV[3])
-    return {attempt, redis.call('EXISTS', KEYS[2])}
+    return {attempt, redis.call('EXISTS', KEYS[2], KEYS[3])}
     """
 
-    def begin(self, job_id: str, worker: str) -> Begin:
-        out = self.r.eval(self._BEGIN, 2, job_key(job_id), cancel_key(job_id), worker, time.time(), self.ttl_s)
+    def begin(self, job_id: str, worker: str, scope: str | None = None) -> Begin:
+        """``scope``: a batch id whose cancel flag cancels this job too."""
+        keys = [job_key(job_id), cancel_key(job_id), cancel_key(scope or job_id)]
+        out = self._begin(keys=keys, args=[worker, time.time(), self.ttl_s])
         if len(out) == 4:
             return Begin(attempt=0, cancelled=False, final=(out[2].decode(), json.loads(out[3]) if out[3] else {}))
         return Begin(attempt=int(out[0]), cancelled=bool(out[1]))
 
     # HSETNX decides who finishes; the rest of the write happens in the same script, so
-    # a reader never sees ``final`` without its result.
-    _FINISH = """
-    if redis.call('HSETNX', KEYS[1], 'final', ARGV[1]) == 0 then return 0 end
-    redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[2], ARGV[3], 'finished_at', ARGV[4])
-    redis.call('HINCRBY', KEYS[1], 'completions', 1)
-    redis.call('EXPIRE', KEYS[1], ARGV[5])
-    redis.call('RPUSH', KEYS[2], ARGV[1])
-    redis.call('EXPIRE', KEYS[2], ARGV[5])
+    # a reader never sees ``final`` without its result. A batch line's record is written
+    # by the same script (batchstore.RECORD_LINE_FN): no crash can separate the two.
+    _FINISH_FN = """
+    local function finish_job(jkey, dkey, status, field, payload, now, ttl)
+      if redis.call('HSETNX', jkey, 'final', status) == 0 then return 0 end
+      redis.call('HSET', jkey, 'status', status, field, payload, 'finished_at', now)
+      redis.call('HINCRBY', jkey, 'completions', 1)
+      redis.call('EXPIRE', jkey, ttl)
+      redis.call('RPUSH', dkey, status)
+      redis.call('EXPIRE', dkey, ttl)
+      return 1
+    end
+    """
+    _FINISH = _FINISH_FN + "return finish_job(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])"
+    _FINISH_WITH_LINE = _FINISH_FN + RECORD_LINE_FN + """
+    if finish_job(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]) == 0 then return 0 end
+    record_line(KEYS[3], KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], '1', ARGV[4])
     return 1
     """
 
-    def finish(self, job_id: str, status: JobStatus, payload: dict[str, Any]) -> bool:
-        """Write the final outcome if none exists yet; False means another run already did."""
+    def finish(self, job_id: str, status: JobStatus, payload: dict[str, Any], line: LineRecord | None = None) -> bool:
+        """Write the final outcome if none exists yet; False means another run already did.
+        ``line``: the batch line this job answers, recorded with it."""
         field = "error" if status == "failed" else "result"
         args = [status, field, json.dumps(payload), time.time(), self.ttl_s]
-        return bool(self.r.eval(self._FINISH, 2, job_key(job_id), done_key(job_id), *args))
+        keys = [job_key(job_id), done_key(job_id)]
+        if line is None:
+            return bool(self._finish(keys=keys, args=args))
+        keys += line_keys(line.batch_id)
+        args += [line.batch_id, line.line, json.dumps(line.record), line.kind, line.tokens]
+        return bool(self._finish_with_line(keys=keys, args=args))
 
     def final(self, job_id: str) -> tuple[str, dict[str, Any]] | None:
         """(status, result-or-error) if the job has finished."""
@@ -139,6 +170,19 @@ class JobStore:
             final = _final(pipe.execute()[-1])
         return final
 
+    def unsent(self, job_ids: list[str]) -> list[bool]:
+        """For each job: its record exists but it was never marked sent nor finished."""
+        pipe = self.r.pipeline(transaction=False)
+        for j in job_ids:
+            pipe.hmget(job_key(j), "sent", "final")
+        return [sent is None and final is None for sent, final in pipe.execute()]
+
+    def mark_sent(self, job_ids: list[str]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for j in job_ids:
+            pipe.hset(job_key(j), "sent", 1)
+        pipe.execute()
+
     def release(self, job_ids: list[str]) -> None:
         """Drop records claimed for jobs that were never enqueued, so a retry can submit them."""
         if job_ids:
@@ -147,15 +191,18 @@ class JobStore:
     def get(self, job_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(job_key(job_id)).items()}
 
-    def request_cancel(self, job_id: str) -> None:
-        self.r.set(cancel_key(job_id), "1", ex=self.ttl_s)
+    def request_cancel(self, job_id: str, ttl_s: int | None = None) -> None:
+        """Flag a job, or a whole batch (its id is the scope of its lines' jobs)."""
+        self.r.set(cancel_key(job_id), "1", ex=ttl_s or self.ttl_s)
 
-    def cancelled(self, job_ids: list[str]) -> set[str]:
-        """Which of these jobs have a cancel flag: one MGET, cheap enough per decode step."""
-        if not job_ids:
+    def cancelled(self, jobs: dict[str, str | None]) -> set[str]:
+        """Which of these jobs (job id → its scope, a batch id or None) have a cancel flag,
+        their own or their scope's: one MGET, cheap enough to poll."""
+        if not jobs:
             return set()
-        flags = self.r.mget([cancel_key(j) for j in job_ids])
-        return {j for j, f in zip(job_ids, flags) if f}
+        keys = sorted({*jobs, *(s for s in jobs.values() if s)})
+        flagged = {k for k, f in zip(keys, self.r.mget([cancel_key(k) for k in keys])) if f}
+        return {j for j, scope in jobs.items() if j in flagged or scope in flagged}
 
 
 def _final(values: list[bytes | None]) -> tuple[str, dict[str, Any]] | None:

@@ -45,7 +45,10 @@ def fleet_config() -> dict[str, Any]:
             env = os.environ.get(f"IB_{section}_{key}".upper())
             if env is None or isinstance(value, (dict, list)):
                 continue
-            values[key] = type(value)(env) if isinstance(value, (int, float)) else env
+            if isinstance(value, bool):
+                values[key] = env.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                values[key] = type(value)(env) if isinstance(value, (int, float)) else env
     return cfg
 
 
@@ -70,3 +73,22 @@ def redis_url() -> str | None:
     from dispatcher.broker import announced_url  # late: broker imports this module
 
     return announced_url()
+
+
+def redis_client(url: str, resilient: bool = False) -> "redis.Redis":
+    """A Redis client; ``resilient`` ones (workers, the batch feeder) retry a lost
+    connection with backoff for about ``redis.retry_s`` seconds, so a broker restart
+    (append-only persistence keeps the data) pauses them instead of failing jobs."""
+    import redis
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
+    from redis.retry import Retry
+
+    if not resilient:
+        return redis.Redis.from_url(url)
+    budget = float(fleet_config()["redis"]["retry_s"])
+    cap = 2.0
+    retries = max(1, int(budget / cap) + 4)  # the first few back off faster than the cap
+    retry = Retry(ExponentialBackoff(cap=cap, base=0.1), retries)
+    return redis.Redis.from_url(url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError],
+                                health_check_interval=30)  # fmt: skip

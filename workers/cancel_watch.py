@@ -17,10 +17,10 @@ log = logging.getLogger(__name__)
 
 
 class CancelWatcher:
-    def __init__(self, poll: Callable[[list[str]], set[str]], interval_s: float = 0.1) -> None:
+    def __init__(self, poll: Callable[[dict[str, str | None]], set[str]], interval_s: float = 0.1) -> None:
         self._poll = poll
         self.interval_s = interval_s
-        self._watched: set[str] = set()
+        self._watched: dict[str, str | None] = {}  # job id → its scope (a batch id) or None
         self._flagged: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -34,13 +34,14 @@ class CancelWatcher:
         self._stop.set()
         self._thread.join(timeout=self.interval_s + 5)
 
-    def watch(self, job_id: str) -> None:
+    def watch(self, job_id: str, scope: str | None = None) -> None:
+        """Poll this job's flag, and its scope's (a batch cancelled as a whole)."""
         with self._lock:
-            self._watched.add(job_id)
+            self._watched[job_id] = scope
 
     def unwatch(self, job_id: str) -> None:
         with self._lock:
-            self._watched.discard(job_id)
+            self._watched.pop(job_id, None)
             self._flagged.discard(job_id)
 
     def cancelled(self, job_ids: list[str]) -> set[str]:
@@ -51,13 +52,13 @@ class CancelWatcher:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             with self._lock:
-                ids = sorted(self._watched)
-            if not ids:
+                jobs = dict(self._watched)
+            if not jobs:
                 continue
             try:
-                flagged = self._poll(ids)
+                flagged = self._poll(jobs)
             except Exception:  # noqa: BLE001 - a Redis blip delays cancels, nothing more
                 log.warning("cancel poll failed", exc_info=True)
                 continue
             with self._lock:
-                self._flagged |= flagged & self._watched
+                self._flagged |= flagged & self._watched.keys()

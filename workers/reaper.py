@@ -20,6 +20,16 @@ from dispatcher.fleet import WORKERS_SET, inflight_key, worker_key
 log = logging.getLogger(__name__)
 
 
+def restore_tags(app: Celery, tags: list[str]) -> None:
+    """Put reserved messages back at the head of their queues (and out of the unacked set)."""
+    if not tags:
+        return
+    with app.connection_for_write() as conn:
+        qos = conn.default_channel.qos
+        for tag in tags:
+            qos.restore_by_tag(tag)
+
+
 def dead_workers(client: redis.Redis, me: str) -> list[str]:
     ids = [m.decode() for m in client.smembers(WORKERS_SET)]
     others = [i for i in ids if i != me]
@@ -36,11 +46,7 @@ def reap(client: redis.Redis, app: Celery, me: str) -> dict[str, int]:
         if not client.set(f"ib:reap-lock:{dead}", me, nx=True, ex=60):
             continue  # another worker is on it
         tags = client.hgetall(inflight_key(dead))
-        if tags:
-            with app.connection_for_write() as conn:
-                qos = conn.default_channel.qos
-                for tag in tags.values():
-                    qos.restore_by_tag(tag.decode())
+        restore_tags(app, [t.decode() for t in tags.values()])
         pipe = client.pipeline()
         pipe.delete(inflight_key(dead))
         pipe.srem(WORKERS_SET, dead)

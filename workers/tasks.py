@@ -11,16 +11,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import redis
 from celery import Celery
 from celery.signals import task_postrun, task_received
 
+from dispatcher.batch_format import CHAT_URL, COMPLETIONS_URL, error_record, job_error_record, output_record
 from dispatcher.celery_app import GENERATE_TASK
 from dispatcher.decision import Selection
 from dispatcher.fleet import inflight_key
 from dispatcher.jobs import EngineError, GenerationJob, JobError, JobResult, Timings, Usage
-from dispatcher.jobstore import JobStore
+from dispatcher.jobstore import JobStore, LineRecord
 from dispatcher.streams import StreamPublisher
 from workers.cancel_watch import CancelWatcher
 from workers.engines.base import Engine, EngineOutput
@@ -55,13 +57,13 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
     job = GenerationJob.model_validate(job_data)
     selection = Selection.model_validate(selection_data)
     started = time.time()
-    begin = rt.store.begin(job.id, rt.worker_id)
+    begin = rt.store.begin(job.id, rt.worker_id, scope=job.batch_id)
     if begin.final is not None:
         log.info("job %s already finished (%s): returning the recorded outcome", job.id, begin.final[0])
         return _outcome(*begin.final)
     attempt = begin.attempt
     log.info("job %s: model=%s attempt=%d max_tokens=%d", job.id, job.model, attempt, job.sampling.max_tokens)
-    rt.cancels.watch(job.id)
+    rt.cancels.watch(job.id, scope=job.batch_id)
     streams = rt.streams if job.stream else None
     status = "failed"
     try:
@@ -72,12 +74,12 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
             out = rt.engine.generate(job, timeout=rt.time_limit_s, on_text=on_text)
         status = "cancelled" if out.finish_reason == "cancelled" else "completed"
     except JobError as exc:
-        _record_failure(rt, job.id, exc)
+        _record_failure(rt, job, exc)
         raise
     except Exception as exc:  # noqa: BLE001
         log.exception("job %s: engine failure", job.id)
         err = EngineError(f"{type(exc).__name__}: {exc}", {"backend": rt.engine.backend})
-        _record_failure(rt, job.id, err)
+        _record_failure(rt, job, err)
         raise err from None
     finally:
         rt.cancels.unwatch(job.id)
@@ -85,7 +87,7 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
             streams.end(job.id, status)
     result = build_result(job, selection, out, started, rt.worker_id, attempt)
     payload = result.model_dump(mode="json")
-    if not rt.store.finish(job.id, result.status, payload):
+    if not rt.store.finish(job.id, result.status, payload, line=batch_line_record(job, result)):
         return _outcome(*rt.store.final(job.id))  # another delivery finished first
     return payload
 
@@ -111,8 +113,22 @@ def build_result(
     )
 
 
-def _record_failure(rt: Runtime, job_id: str, exc: JobError) -> None:
-    rt.store.finish(job_id, "failed", exc.to_dict())
+def batch_line_record(job: GenerationJob, result: JobResult | JobError) -> LineRecord | None:
+    """The OpenAI batch output (or error) record of a batch line's job."""
+    if job.batch_id is None or job.batch_line is None or job.custom_id is None:
+        return None
+    line = partial(LineRecord, job.batch_id, job.batch_line)
+    if isinstance(result, JobError):
+        return line(job_error_record(job.custom_id, job.id, result), "failed")
+    tokens = result.usage.completion_tokens
+    if result.status == "cancelled":
+        message = f"cancelled with the batch after {tokens} generated token(s)"
+        return line(error_record(job.custom_id, "batch_cancelled", message, job.id), "failed", tokens)
+    return line(output_record(job.custom_id, result, CHAT_URL if job.messages else COMPLETIONS_URL), "completed", tokens)
+
+
+def _record_failure(rt: Runtime, job: GenerationJob, exc: JobError) -> None:
+    rt.store.finish(job.id, "failed", exc.to_dict(), line=batch_line_record(job, exc))
 
 
 def _outcome(status: str, payload: dict) -> dict:

@@ -13,18 +13,19 @@ import os
 import time
 import socket
 
-import redis
 from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutting_down
 
 from dispatcher import settings
+from dispatcher.batch_feeder import BatchFeeder
 from dispatcher.celery_app import get_app
+from dispatcher.client import Client
 from dispatcher.decision import BackendSpec, queue_for
 from dispatcher.fleet import WorkerInfo
 from dispatcher.jobstore import JobStore
 from dispatcher.streams import StreamPublisher
 from dispatcher.registry import ModelRegistry
-from workers import hardware, reaper, tasks
+from workers import hardware, reaper, reconnect, tasks
 from workers.cancel_watch import CancelWatcher
 from workers.engines import create_engine
 from workers.heartbeat import Heartbeat
@@ -52,7 +53,7 @@ def run_worker(
     url = settings.redis_url()
     app = get_app(url)
     cfg = settings.fleet_config()
-    client = redis.Redis.from_url(url)
+    client = settings.redis_client(url, resilient=True)
     store = JobStore(client, ttl_s=int(cfg["celery"]["result_expires_s"]))
     spec = ModelRegistry.from_config().get(model)
     backend_spec = BackendSpec(**settings.load_yaml("backends.yaml")["backends"][backend])
@@ -99,6 +100,7 @@ def run_worker(
         time_limit_s=float(cfg["celery"]["job_time_limit_s"]),
     )
     tasks.register(app)
+    reconnect.install(app)
     beat = Heartbeat(
         client,
         info,
@@ -108,6 +110,10 @@ def run_worker(
         on_beat=lambda: reaper.reap(client, app, worker_id),
         engine_stats=engine.stats,
     ).start()
+
+    feeder = None
+    if cfg["batch"]["feeder_in_workers"]:
+        feeder = BatchFeeder(Client(url, resilient=True), owner=worker_id).start()
 
     @worker_ready.connect(weak=False)
     def _ready(**_: object) -> None:
@@ -133,6 +139,8 @@ def run_worker(
             ]
         )
     finally:
+        if feeder is not None:
+            feeder.stop()
         beat.stop()
         engine.close()
         cancels.stop()

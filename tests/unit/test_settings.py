@@ -13,6 +13,13 @@ def test_env_overrides_fleet_config(monkeypatch):
     assert cfg["decision"]["no_worker_policy"] == "reject"
 
 
+def test_a_boolean_override_reads_words(monkeypatch):
+    monkeypatch.setenv("IB_BATCH_FEEDER_IN_WORKERS", "false")
+    assert settings.fleet_config()["batch"]["feeder_in_workers"] is False
+    monkeypatch.setenv("IB_BATCH_FEEDER_IN_WORKERS", "1")
+    assert settings.fleet_config()["batch"]["feeder_in_workers"] is True
+
+
 def test_password_comes_from_the_environment_and_is_quoted(monkeypatch):
     monkeypatch.setenv("REDIS_URL", "rediss://cache.example:6380/2")
     monkeypatch.setenv("REDIS_PASSWORD", "p@ss/word")
