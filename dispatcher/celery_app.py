@@ -50,6 +50,9 @@ def create_app(broker_url: str) -> Celery:
         worker_send_task_events=False,
         task_send_sent_event=False,
         broker_connection_retry_on_startup=True,
+        # A broker restart leaves running jobs running: their outcome is written to the
+        # job record (which rides out the restart) and a second delivery would find it.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_transport_options={
             "visibility_timeout": int(cel["visibility_timeout_s"]),
             "queue_order_strategy": "priority",

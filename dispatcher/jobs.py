@@ -156,6 +156,7 @@ class JobResult(BaseModel):
     attempt: int = 1
     batch_id: str | None = None
     custom_id: str | None = None
+    batch_line: int | None = None
 
     @property
     def tokens_per_s(self) -> float:

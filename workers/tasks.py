@@ -110,6 +110,7 @@ def build_result(
         attempt=attempt,
         batch_id=job.batch_id,
         custom_id=job.custom_id,
+        batch_line=job.batch_line,
     )
 
 
