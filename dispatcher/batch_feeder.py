@@ -26,8 +26,6 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-import redis
-
 from dispatcher.batch_format import job_error_record
 from dispatcher.batchstore import FEEDER_LEASE, FINAL_STATUSES
 from dispatcher.decision import Selection
@@ -81,9 +79,9 @@ class BatchFeeder:
             try:
                 worked = self.tick() if self.holds_lease() else 0
                 failures = 0
-            except redis.RedisError as exc:  # the broker restarting: wait for it
+            except Exception as exc:  # noqa: BLE001 - the broker restarting: wait for it
                 failures += 1
-                log.warning("batch feeder: Redis unavailable (%s); retrying", exc)
+                log.warning("batch feeder: %s: %s; retrying", type(exc).__name__, exc)
                 worked = 0
             if once and not worked:
                 break
@@ -144,6 +142,7 @@ class BatchFeeder:
 
     def feed(self, batch_id: str, h: dict[str, str], n: int) -> int:
         """Decide and enqueue the next ``n`` staged lines of a batch, in order."""
+        t0 = time.perf_counter()
         fed, staged = int(h.get("fed", 0)), int(h.get("staged", 0))
         lines = self.store.staged(batch_id, fed, min(staged, fed + n))
         if not lines:
@@ -171,7 +170,7 @@ class BatchFeeder:
         backends: dict[str, int] = {}
         for _, sel in ready:
             backends[sel.backend] = backends.get(sel.backend, 0) + 1
-        self.store.advance(batch_id, fed + taken, backends)
+        self.store.advance(batch_id, fed + taken, backends, feed_s=time.perf_counter() - t0)
         return taken
 
     def finish_cancel(self, batch_id: str, h: dict[str, str], now: float) -> int:

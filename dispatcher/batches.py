@@ -80,6 +80,7 @@ class Batch(BaseModel):
     priority: str = Priority.batch.value
     completion_tokens: int = 0
     fed: int = 0  # lines handed to the queues so far
+    feed_s: float = 0.0  # time the feeder spent deciding and enqueueing them
     backends: dict[str, int] = Field(default_factory=dict)  # lines per backend the tree chose
 
     @property
@@ -120,6 +121,7 @@ class Batch(BaseModel):
             priority=h.get("priority", Priority.batch.value),
             completion_tokens=int(h.get("completion_tokens", 0)),
             fed=int(h.get("fed", 0)),
+            feed_s=float(h.get("feed_s", 0.0)),
             backends={k.split(":", 1)[1]: int(v) for k, v in h.items() if k.startswith("backend:")},
         )
 
