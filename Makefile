@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test unit integration bench bench-cpu bench-batching clean
+.PHONY: install demo test unit integration bench bench-cpu bench-batching bench-batch clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ bench-cpu: install
 
 bench-batching: install
 	$(PY) bench/continuous_batching.py
+
+bench-batch: install
+	$(PY) bench/batch_throughput.py
 
 clean:
 	rm -rf $(VENV) test-artifacts bench/results

@@ -15,7 +15,9 @@ Arms, same chat requests, greedy, ``--max-tokens`` new tokens each:
 The in-process arms run ``--in-process-requests`` of the requests (the rate is the same;
 pass 512 for all). Reports aggregate generated tok/s and the fleet's ratio to each
 in-process arm, and the batch bookkeeping (validation + staging, the feeder's deciding
-and enqueueing, writing the results file) as a share of the fleet's wall time.
+and enqueueing, writing the results file, and what recording a line adds to each job's
+finish, measured apart) as a share of the fleet's wall time: wall time, and CPU time
+(the feeder runs in a busy worker, where its wall time is mostly waiting for the GIL).
 Table + JSON (bench/results/).
 """
 
@@ -40,9 +42,11 @@ from rich.table import Table  # noqa: E402
 
 from dispatcher import settings  # noqa: E402
 from dispatcher.broker import EmbeddedBroker  # noqa: E402
+from dispatcher.batch_format import line_job_id  # noqa: E402
 from dispatcher.client import Client  # noqa: E402
 from dispatcher.decision import BackendSpec  # noqa: E402
 from dispatcher.jobs import GenerationJob  # noqa: E402
+from dispatcher.jobstore import LineRecord  # noqa: E402
 from dispatcher.localfleet import WorkerProcess  # noqa: E402
 from dispatcher.registry import ModelRegistry  # noqa: E402
 from workers import hardware  # noqa: E402
@@ -102,14 +106,14 @@ def fleet(url: str, backend: str, fmt: str, texts: list[str], max_tokens: int, w
                       "body": {"model": MODEL, "messages": [{"role": "user", "content": t}], "max_tokens": max_tokens, "temperature": 0}}
                      for i, t in enumerate(texts)]  # fmt: skip
             console.print(f"fleet: {len(lines)} requests as one batch → {workers} {backend} worker(s) ...")
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             batch = client.batches.create(lines)
-            create_s = time.perf_counter() - t0
+            create_s, create_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
             batch = _wait(client, batch.id)
-            t1 = time.perf_counter()
+            t1, cpu1 = time.perf_counter(), time.process_time()
             with tempfile.TemporaryDirectory() as tmp:
                 n_out, n_err = client.batches.write_results(batch.id, Path(tmp) / "out.jsonl", Path(tmp) / "errors.jsonl")
-            results_s = time.perf_counter() - t1
+            results_s, results_cpu_s = time.perf_counter() - t1, time.process_time() - cpu1
             wall = time.perf_counter() - t0
             records = list(client.batches.results(batch.id))
             per_worker = Counter(client.record(r["response"]["request_id"]).get("worker", "?") for r in records if r["response"])
@@ -121,15 +125,39 @@ def fleet(url: str, backend: str, fmt: str, texts: list[str], max_tokens: int, w
     finally:
         for p in procs:
             p.stop(timeout=120)
-    bookkeeping = create_s + batch.feed_s + results_s
+    with Client(url) as client:
+        record_s = line_record_cost(client) * len(texts)
+    bookkeeping = create_s + batch.feed_s + results_s + record_s
+    bookkeeping_cpu = create_cpu_s + batch.feed_cpu_s + results_cpu_s + record_s
     return {
         "requests": len(texts), "status": batch.status, "outputs": n_out, "errors": n_err,
         "tokens": batch.completion_tokens, "wall_s": wall, "tok_s": batch.completion_tokens / wall,
         "backends": batch.backends, "per_worker": dict(per_worker),
-        "create_s": create_s, "feed_s": batch.feed_s, "results_s": results_s,
+        "create_s": create_s, "create_cpu_s": create_cpu_s, "feed_s": batch.feed_s, "feed_cpu_s": batch.feed_cpu_s,
+        "results_s": results_s, "results_cpu_s": results_cpu_s, "line_records_s": record_s,
         "bookkeeping_s": bookkeeping, "bookkeeping_share": bookkeeping / wall,
+        "bookkeeping_cpu_s": bookkeeping_cpu, "bookkeeping_cpu_share": bookkeeping_cpu / wall,
         "queue_wait_p50_s": statistics.median(queue_waits) if queue_waits else None,
     }  # fmt: skip
+
+
+def line_record_cost(client: Client, n: int = 300) -> float:
+    """What recording a batch line adds to a job's finish (the same script, one more
+    HSETNX and counters): median with the line record minus median without, in seconds."""
+    batch = client.batches.create([{"custom_id": f"x{i}", "prompt": "x", "max_tokens": 1} for i in range(n)], model=MODEL)
+    payload = {"text": "x" * 300, "token_ids": list(range(64))}
+    record = {"custom_id": "x", "response": {"status_code": 200, "body": {"choices": [{"text": "x" * 300}]}}, "error": None}
+    plain, lined = [], []
+    for i in range(n):
+        t = time.perf_counter()
+        client.store.finish(f"bench-plain-{batch.id}-{i}", "completed", payload)
+        plain.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        line = LineRecord(batch.id, i + 1, record, "completed", 64)
+        client.store.finish(line_job_id(batch.id, i + 1), "completed", payload, line=line)
+        lined.append(time.perf_counter() - t)
+    client.batches.cancel(batch.id)
+    return max(0.0, statistics.median(lined) - statistics.median(plain))
 
 
 def _wait(client: Client, batch_id: str, timeout: float = 7200):  # noqa: ANN202
@@ -178,10 +206,13 @@ def main() -> int:
     table.add_row(f"fleet: ib batch, {args.workers} workers x {args.worker_threads} thread(s)", str(fleet_row["requests"]),
                   str(fleet_row["tokens"]), f"{fleet_row['wall_s']:.1f} s", f"{fleet_row['tok_s']:.1f}", "1.00x")  # fmt: skip
     console.print(table)
+    f = fleet_row
     console.print(
-        f"batch bookkeeping: validate+stage {fleet_row['create_s'] * 1000:.0f} ms, feeder {fleet_row['feed_s'] * 1000:.0f} ms, "
-        f"results file {fleet_row['results_s'] * 1000:.0f} ms = {fleet_row['bookkeeping_share'] * 100:.2f}% of the fleet's wall time; "
-        f"lines per backend {fleet_row['backends']}, per worker {list(fleet_row['per_worker'].values())}"
+        f"batch bookkeeping, wall (CPU): validate+stage {f['create_s'] * 1000:.0f} ({f['create_cpu_s'] * 1000:.0f}) ms, "
+        f"feeder {f['feed_s'] * 1000:.0f} ({f['feed_cpu_s'] * 1000:.0f}) ms, results file {f['results_s'] * 1000:.0f} "
+        f"({f['results_cpu_s'] * 1000:.0f}) ms, line records in the workers {f['line_records_s'] * 1000:.0f} ms "
+        f"= {f['bookkeeping_share'] * 100:.2f}% ({f['bookkeeping_cpu_share'] * 100:.2f}%) of the fleet's wall time; "
+        f"lines per backend {f['backends']}, per worker {list(f['per_worker'].values())}"
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

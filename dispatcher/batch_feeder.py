@@ -142,7 +142,7 @@ class BatchFeeder:
 
     def feed(self, batch_id: str, h: dict[str, str], n: int) -> int:
         """Decide and enqueue the next ``n`` staged lines of a batch, in order."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         fed, staged = int(h.get("fed", 0)), int(h.get("staged", 0))
         lines = self.store.staged(batch_id, fed, min(staged, fed + n))
         if not lines:
@@ -170,7 +170,7 @@ class BatchFeeder:
         backends: dict[str, int] = {}
         for _, sel in ready:
             backends[sel.backend] = backends.get(sel.backend, 0) + 1
-        self.store.advance(batch_id, fed + taken, backends, feed_s=time.perf_counter() - t0)
+        self.store.advance(batch_id, fed + taken, backends, feed_s=time.perf_counter() - t0, feed_cpu_s=time.thread_time() - cpu0)
         return taken
 
     def finish_cancel(self, batch_id: str, h: dict[str, str], now: float) -> int:

@@ -81,6 +81,7 @@ class Batch(BaseModel):
     completion_tokens: int = 0
     fed: int = 0  # lines handed to the queues so far
     feed_s: float = 0.0  # time the feeder spent deciding and enqueueing them
+    feed_cpu_s: float = 0.0  # CPU time of that
     backends: dict[str, int] = Field(default_factory=dict)  # lines per backend the tree chose
 
     @property
@@ -122,6 +123,7 @@ class Batch(BaseModel):
             completion_tokens=int(h.get("completion_tokens", 0)),
             fed=int(h.get("fed", 0)),
             feed_s=float(h.get("feed_s", 0.0)),
+            feed_cpu_s=float(h.get("feed_cpu_s", 0.0)),
             backends={k.split(":", 1)[1]: int(v) for k, v in h.items() if k.startswith("backend:")},
         )
 

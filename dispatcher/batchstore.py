@@ -207,11 +207,13 @@ class BatchStore:
     def set_fields(self, batch_id: str, **fields: Any) -> None:
         self.r.hset(batch_key(batch_id), mapping={k: _enc(v) for k, v in fields.items()})
 
-    def advance(self, batch_id: str, fed: int, backends: dict[str, int], feed_s: float = 0.0) -> None:
-        """Move the feed cursor to ``fed``; count lines per backend and the feeder's time."""
+    def advance(self, batch_id: str, fed: int, backends: dict[str, int], feed_s: float = 0.0, feed_cpu_s: float = 0.0) -> None:
+        """Move the feed cursor to ``fed``; count lines per backend and the feeder's time
+        (wall, and CPU: in a busy worker the wall time is mostly waiting for the GIL)."""
         pipe = self.r.pipeline(transaction=False)
         self._advance(keys=[batch_key(batch_id)], args=[fed], client=pipe)
         pipe.hincrbyfloat(batch_key(batch_id), "feed_s", feed_s)
+        pipe.hincrbyfloat(batch_key(batch_id), "feed_cpu_s", feed_cpu_s)
         for backend, n in backends.items():
             pipe.hincrby(batch_key(batch_id), f"backend:{backend}", n)
         pipe.execute()

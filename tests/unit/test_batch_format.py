@@ -93,3 +93,40 @@ def test_output_records_are_shaped_like_openai_batch_output():
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "Paris."
     err = error_record("c", "invalid_json", "line 3 is not valid JSON")
     assert err["response"] is None and err["error"] == {"code": "invalid_json", "message": "line 3 is not valid JSON"}
+
+
+def test_batch_lines_get_a_job_id_from_their_batch_and_line(registry):
+    p = parse(registry, {"custom_id": "z", "prompt": "Hi"}, model=MODEL, batch_id="batch_abc")
+    assert p.job.id == "batch_abc-7" and p.job.batch_line == 7 and p.job.batch_id == "batch_abc"
+
+
+def test_a_line_with_another_url_than_the_batch_endpoint_is_refused(registry):
+    raw = json.dumps({"custom_id": "e", "prompt": "Hi", "model": MODEL})
+    err = parse_line(3, raw, registry, {}, set(), endpoint=CHAT_URL)
+    assert isinstance(err, LineError) and err.code == "invalid_url" and "differs from the batch's endpoint" in err.message
+
+
+@pytest.mark.parametrize(("window", "seconds"), [("24h", 86400), ("90m", 5400), ("2d", 172800), (" 30s ", 30)])
+def test_completion_windows_are_durations(window, seconds):
+    from dispatcher.batches import parse_window
+
+    assert parse_window(window) == seconds
+
+
+@pytest.mark.parametrize("window", ["", "24", "0h", "-1h", "1w", "soon"])
+def test_a_bad_completion_window_is_refused(window):
+    from dispatcher.batches import BatchInputError, parse_window
+
+    with pytest.raises(BatchInputError, match="completion_window"):
+        parse_window(window)
+
+
+def test_a_batch_record_reads_as_an_openai_batch_object():
+    from dispatcher.batches import Batch
+
+    b = Batch.from_record({"id": "batch_1", "status": "in_progress", "created_at": "1700000000.5", "expires_at": "1700086400.5",
+                           "completion_window": "24h", "total": "10", "completed": "4", "failed": "1", "backend:llamacpp": "7",
+                           "metadata": '{"run": "a"}', "completion_tokens": "256", "in_progress_at": "1700000001"})  # fmt: skip
+    assert b.object == "batch" and b.created_at == 1700000000 and b.in_progress_at == 1700000001
+    assert b.request_counts.model_dump() == {"total": 10, "completed": 4, "failed": 1}
+    assert b.done == 5 and not b.is_final and b.backends == {"llamacpp": 7} and b.metadata == {"run": "a"}
