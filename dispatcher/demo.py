@@ -7,6 +7,7 @@ import os
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from dispatcher import settings
 from dispatcher.broker import EmbeddedBroker
@@ -45,6 +46,34 @@ DEMO_ROUTES = [
 def demo_job(prompt: str, max_tokens: int, system: str | None = None, **fields) -> dict:
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     return {"model": "smollm2-135m", "messages": messages, "sampling": {"max_tokens": max_tokens}, **fields}
+
+
+def run_batch_demo(client, max_tokens: int, n_lines: int = 24) -> None:  # noqa: ANN001
+    """An offline batch: OpenAI Batch JSONL lines (two of them bad) in, a results file out."""
+    from dispatcher.batch_cli import _watch
+
+    lines: list = [
+        {"custom_id": f"demo-{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": DEMO_PROMPTS[i % len(DEMO_PROMPTS)]}], "max_tokens": max_tokens // 2}}
+        for i in range(n_lines)
+    ]  # fmt: skip
+    lines[5] = '{"custom_id": "demo-broken", "messages": [oops'
+    lines[11] = {"custom_id": "demo-3", "prompt": "a duplicate custom_id"}
+    console.print(f"\n[bold]offline batch[/]: {n_lines} lines (two of them bad) through `client.batches.create` ...")
+    batch = client.batches.create(lines, model="smollm2-135m")
+    console.print(f"batch {batch.id}: {batch.status}, {batch.request_counts.failed} line(s) refused at validation")
+    _watch(client, batch.id, interval_s=0.5)
+    done = client.batches.retrieve(batch.id)
+    console.print(f"lines per backend (the tree, per line: throughput work → llama.cpp on CPU): {done.backends}")
+    out_dir = settings.data_dir() / "demo-batch"
+    n_out, n_err = client.batches.write_results(batch.id, out_dir / "out.jsonl", out_dir / "errors.jsonl")
+    records = list(client.batches.results(batch.id))
+    for rec in [r for r in records if r["response"]][:3]:
+        text = " ".join(rec["response"]["body"]["choices"][0]["message"]["content"].split())
+        console.print(f"    {rec['custom_id']}: [green]{escape(text[:100])}[/]")
+    for rec in [r for r in records if r["error"]]:
+        console.print(f"    {rec['custom_id'] or '(no custom_id)'}: [red]{rec['error']['code']}[/] {escape(rec['error']['message'])}")
+    console.print(f"results: {n_out} lines → {out_dir / 'out.jsonl'}, {n_err} errors → {out_dir / 'errors.jsonl'}")
 
 
 def run_demo(n_prompts: int = 12, max_tokens: int = 48) -> int:
@@ -89,7 +118,8 @@ def run_demo(n_prompts: int = 12, max_tokens: int = 48) -> int:
             handles = client.submit_many(jobs)
             with console.status(f"{len(handles)} jobs in flight..."):
                 results = [h.result(timeout=600) for h in handles]
-        print_results(results, labels)
+            print_results(results, labels)
+            run_batch_demo(client, max_tokens)
         return 0
     except Exception as exc:  # noqa: BLE001 - the demo reports, then cleans up
         console.print(f"[red]demo failed:[/] {exc}")
