@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from dispatcher import settings
 from dispatcher.celery_app import GENERATE_TASK, BrokerNotConfigured, get_app
-from dispatcher.decision import BackendSpec, DecisionPolicy, Selection, decide
+from dispatcher.decision import BackendSpec, DecisionPolicy, Selection, apply_affinity, decide
 from dispatcher.fleet import FleetView, read_fleet
 from dispatcher.jobs import (
     BACKENDS,
@@ -31,6 +31,7 @@ from dispatcher.jobs import (
     parse_job,
 )
 from dispatcher.jobstore import JobStore
+from dispatcher.prefix import PrefixHasher, PrefixHints
 from dispatcher.streams import read_stream
 from dispatcher.registry import ModelRegistry
 
@@ -90,6 +91,11 @@ class Client:
         self.priorities: dict[str, int] = cfg["priorities"]
         self.store = JobStore(self.redis, ttl_s=int(cfg["celery"]["result_expires_s"]))
         self.fleet_cache_s = float(cfg["client"]["fleet_cache_s"])
+        pcfg = cfg["prefix"]
+        self.prefix: tuple[PrefixHasher, PrefixHints] | None = None
+        if pcfg["enabled"]:
+            hasher = PrefixHasher(int(pcfg["block_tokens"]), int(pcfg["max_blocks"]))
+            self.prefix = (hasher, PrefixHints(self.redis, int(pcfg["hint_ttl_s"])))
         self._fleet: tuple[float, FleetView] | None = None
 
     @cached_property
@@ -124,7 +130,15 @@ class Client:
         return parse_job(raw)
 
     def decide(self, job: GenerationJob, fleet: FleetView) -> Selection:
-        return decide(job, self.registry.get(job.model), fleet, self.policy, self.backends)
+        """The tree's backend, then (for backends that keep prompt KV state) the worker
+        holding the longest run of the prompt's leading blocks: one Redis round trip."""
+        model = self.registry.get(job.model)
+        sel = decide(job, model, fleet, self.policy, self.backends)
+        if self.prefix is None or sel.backend not in self.policy.prefix_affinity_backends:
+            return sel
+        hasher, hints = self.prefix
+        hashes = hasher.hashes(job, model)
+        return apply_affinity(sel, hashes, hints.lookup(hashes), fleet, self.policy)
 
     # ------------------------------------------------------------- submitting
 
@@ -166,6 +180,12 @@ class Client:
             raise  # resume: the records stay unmarked, so the next feed sends them
         if resume:
             self.store.mark_sent([j.id for j, _ in todo])
+        if self.prefix is not None and any(sel.affinity_worker for _, sel in todo):
+            pipe = self.redis.pipeline(transaction=False)
+            for _, sel in todo:
+                if sel.affinity_worker:  # sent to that worker: it will hold these blocks
+                    self.prefix[1].record(sel.affinity_worker, sel.prefix_hashes, client=pipe)
+            pipe.execute()
 
     def _enqueue(self, job: GenerationJob, sel: Selection, producer: Any = None) -> None:
         # argsrepr is what logs and Flower show: a summary, never the prompt text.

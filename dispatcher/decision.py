@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from dispatcher.fleet import FleetView
+from dispatcher.fleet import FleetView, WorkerInfo
 from dispatcher.jobs import (
     BACKENDS,
     GenerationJob,
@@ -40,6 +40,12 @@ class DecisionPolicy(BaseModel):
     default_throughput_target_tok_s: float = 0
     no_worker_policy: Literal["queue", "fallback", "reject"] = "fallback"
     fallback_order: dict[str, list[str]] = Field(default_factory=dict)
+    # Prefix affinity (dispatcher.prefix): backends whose workers keep prompt KV state,
+    # the fewest leading blocks a worker must hold to be preferred, and how many blocks
+    # a fully loaded worker's score loses (score = blocks held - penalty x in_flight/capacity).
+    prefix_affinity_backends: list[str] = Field(default_factory=lambda: ["llamacpp", "vllm"])
+    prefix_min_blocks: int = 4
+    prefix_load_penalty_blocks: float = 16
 
 
 class BackendSpec(BaseModel):
@@ -62,6 +68,10 @@ class Selection(BaseModel):
     config: dict[str, Any]
     path: list[PathStep]
     tree_choice: str
+    # The prompt's block-hash chain (the worker confirms it holds them once done), and
+    # the worker chosen for them, when prefix affinity won.
+    prefix_hashes: list[str] = Field(default_factory=list)
+    affinity_worker: str | None = None
 
     def render_path(self) -> str:
         return " → ".join(step.render() for step in self.path)
@@ -211,3 +221,37 @@ def _apply_liveness(
         return choice
     path.append(PathStep(check="live workers", answer="none", detail=f"policy {rule}: queued until a {choice} worker starts"))
     return choice
+
+
+def apply_affinity(
+    sel: Selection, hashes: list[str], matched: dict[str, int], fleet: FleetView, policy: DecisionPolicy
+) -> Selection:
+    """Send the job to the live worker of the chosen backend that holds the longest run
+    of the prompt's leading blocks, unless none holds ``prefix_min_blocks`` of them or its
+    load eats the gain; then the shared queue. Pure: the hints were read by the caller."""
+    if not hashes or sel.backend not in policy.prefix_affinity_backends:
+        return sel
+    best: tuple[float, int, WorkerInfo] | None = None
+    for w in fleet.live(backend=sel.backend, model=sel.model):
+        blocks = matched.get(w.worker_id, 0)
+        score = blocks - policy.prefix_load_penalty_blocks * w.load
+        if blocks >= policy.prefix_min_blocks and (best is None or score > best[0]):
+            best = (score, blocks, w)
+    update: dict[str, Any] = {"prefix_hashes": hashes}
+    idle = min((w.load for w in fleet.live(backend=sel.backend, model=sel.model)), default=1.0)
+    if best is not None and best[2].load >= 1.0 and idle < 0.5:
+        # Too uneven: the holder is full while another worker is mostly free.
+        step = PathStep(check="prefix affinity", answer="shared queue",
+                        detail=f"{best[2].worker_id} holds {best[1]}/{len(hashes)} blocks but is full "
+                               f"({best[2].in_flight}/{best[2].capacity}) while another worker is free")  # fmt: skip
+        return sel.model_copy(update={**update, "path": [*sel.path, step]})
+    if best is not None and best[0] >= policy.prefix_min_blocks:
+        score, blocks, w = best
+        update |= {"queue": f"{queue_for(sel.backend)}.{w.worker_id}", "affinity_worker": w.worker_id}
+        step = PathStep(check="prefix affinity", answer=w.worker_id,
+                        detail=f"holds {blocks}/{len(hashes)} leading blocks, load {w.in_flight}/{w.capacity}, score {score:.1f}")  # fmt: skip
+    else:
+        held = max(matched.values(), default=0)
+        why = f"best holder has {held}/{len(hashes)} blocks" + (f", score {best[0]:.1f} after load" if best else "")
+        step = PathStep(check="prefix affinity", answer="shared queue", detail=f"{why} (needs {policy.prefix_min_blocks})")
+    return sel.model_copy(update={**update, "path": [*sel.path, step]})

@@ -33,6 +33,7 @@ class ModelSpec(BaseModel):
     family: str
     hf_native: bool
     context_length: int
+    revision: str | None = None  # the weights' version: prefix hashes of two revisions never match
     chat: bool = True
     license: str | None = None
     artifacts: dict[str, Artifact] = Field(default_factory=dict)

@@ -11,11 +11,34 @@ Exactly-once completion is still guarded by the job record (dispatcher.jobstore)
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 from celery import Celery
 
+from dispatcher import settings
 from dispatcher.fleet import WORKERS_SET, inflight_key, worker_key
+from dispatcher.prefix import PrefixHints
+
+WORKER_QUEUES = "ib:worker-queues"  # worker id → its own queue (kept after it dies)
+ORPHANED = "ib:orphaned"  # dead workers whose own queue is swept for a while, by time of death
+SWEEP_S = 60.0  # how long a dead worker's queue is swept (late sends from stale fleet views)
+
+# Move every message of a dead worker's own queue to its backend's shared queue, oldest
+# nearest the consuming end, pointing each message's routing key at the shared queue so
+# that a later restore (kombu re-routes by it) does not send it back.
+_MOVE = """
+local n = 0
+while true do
+  local m = redis.call('LPOP', KEYS[1])
+  if not m then break end
+  local s, e = string.find(m, ARGV[1], 1, true)
+  if s then m = string.sub(m, 1, s - 1) .. ARGV[2] .. string.sub(m, e + 1) end
+  redis.call('RPUSH', KEYS[2], m)
+  n = n + 1
+end
+return n
+"""
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +73,39 @@ def reap(client: redis.Redis, app: Celery, me: str) -> dict[str, int]:
         pipe = client.pipeline()
         pipe.delete(inflight_key(dead))
         pipe.srem(WORKERS_SET, dead)
+        pipe.zadd(ORPHANED, {dead: time.time()})
         pipe.execute()
+        dropped = PrefixHints(client).drop_worker(dead)
         restored[dead] = len(tags)
-        log.warning("worker %s is gone: redelivered %d job(s)", dead, len(tags))
+        log.warning("worker %s is gone: redelivered %d job(s), dropped %d prefix hint(s)", dead, len(tags), dropped)
+    sweep_orphans(client)
     return restored
+
+
+def sweep_orphans(client: redis.Redis) -> int:
+    """Move what waits in recently dead workers' own queues (prefix-affinity sends) to
+    their backends' shared queues; each is swept for ``SWEEP_S`` after its death."""
+    now = time.time()
+    moved = 0
+    for raw in client.zrangebyscore(ORPHANED, now - SWEEP_S, "+inf"):
+        worker = raw.decode()
+        own = client.hget(WORKER_QUEUES, worker)
+        if own is None:
+            continue
+        own_queue = own.decode()
+        shared = own_queue.rsplit(".", 1)[0] if own_queue.endswith(f".{worker}") else None
+        if shared is None:
+            continue
+        for pri in sorted(set(settings.fleet_config()["priorities"].values())):
+            src, dest = (own_queue, shared) if pri == 0 else (f"{own_queue}:{pri}", f"{shared}:{pri}")
+            n = client.eval(_MOVE, 2, src, dest, f'"routing_key": "{own_queue}"', f'"routing_key": "{shared}"')
+            if n:
+                log.warning("worker %s is gone: moved %d job(s) from its own queue to %s", worker, n, dest)
+            moved += int(n)
+    expired = [w.decode() for w in client.zrangebyscore(ORPHANED, "-inf", now - SWEEP_S)]
+    if expired:
+        pipe = client.pipeline()
+        pipe.zrem(ORPHANED, *expired)
+        pipe.hdel(WORKER_QUEUES, *expired)
+        pipe.execute()
+    return moved

@@ -23,6 +23,7 @@ from dispatcher.decision import Selection
 from dispatcher.fleet import inflight_key
 from dispatcher.jobs import EngineError, GenerationJob, JobError, JobResult, Timings, Usage
 from dispatcher.jobstore import JobStore, LineRecord
+from dispatcher.prefix import PrefixHints
 from dispatcher.streams import StreamPublisher
 from workers.cancel_watch import CancelWatcher
 from workers.engines.base import Engine, EngineOutput
@@ -41,6 +42,7 @@ class Runtime:
     cancels: CancelWatcher
     streams: StreamPublisher | None = None  # text deltas of jobs submitted with stream=True
     time_limit_s: float | None = None  # a job running longer fails with JobTimeoutError
+    hints: PrefixHints | None = None  # prefix hints: this worker now holds a finished prompt's blocks
 
 
 RUNTIME: Runtime | None = None
@@ -89,6 +91,8 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
     payload = result.model_dump(mode="json")
     if not rt.store.finish(job.id, result.status, payload, line=batch_line_record(job, result)):
         return _outcome(*rt.store.final(job.id))  # another delivery finished first
+    if rt.hints is not None and selection.prefix_hashes and result.status == "completed":
+        rt.hints.record(rt.worker_id, selection.prefix_hashes)
     return payload
 
 

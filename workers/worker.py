@@ -23,6 +23,7 @@ from dispatcher.client import Client
 from dispatcher.decision import BackendSpec, queue_for
 from dispatcher.fleet import WorkerInfo
 from dispatcher.jobstore import JobStore
+from dispatcher.prefix import PrefixHints
 from dispatcher.streams import StreamPublisher
 from dispatcher.registry import ModelRegistry
 from workers import hardware, reaper, reconnect, tasks
@@ -90,6 +91,9 @@ def run_worker(
         started_at=time.time(),
         status="starting",
     )
+    client.hset(reaper.WORKER_QUEUES, worker_id, queues[1])  # swept to the shared queue if this worker dies
+    hints = PrefixHints(client, int(cfg["prefix"]["hint_ttl_s"]))
+    hints.drop_worker(worker_id)  # a restarted worker holds no KV state, whatever hints said
     tasks.RUNTIME = tasks.Runtime(
         engine=engine,
         store=store,
@@ -98,6 +102,7 @@ def run_worker(
         cancels=cancels,
         streams=StreamPublisher(client, ttl_s=int(cfg["celery"]["result_expires_s"])),
         time_limit_s=float(cfg["celery"]["job_time_limit_s"]),
+        hints=hints,
     )
     tasks.register(app)
     reconnect.install(app)

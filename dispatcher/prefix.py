@@ -1,0 +1,166 @@
+"""KV prefix hints: a prompt's block-hash chain, and which workers hold which blocks.
+
+A prompt is tokenized with the model's own tokenizer (its chat template for messages),
+cut into fixed blocks (16 tokens by default, vLLM's block size) and chain-hashed: each
+block's hash covers its parent's hash, the block's token ids, and the model's identity
+(name and revision), so equal hashes mean equal prefixes of the same model, and two
+prompts share exactly the leading blocks they share. Only full blocks are hashed.
+
+Hints live in Redis, one sorted set per block hash (``ib:prefix:<hash>``: worker id →
+last time it held the block), with a TTL. A dispatch looks up every block of a prompt in
+one pipelined round trip; a worker that finishes a job confirms its blocks; a dead or
+restarted worker's hints are dropped (``ib:prefix-worker:<id>`` lists them).
+
+Without a tokenizer for the model (neither the HF folder nor the GGUF can give one),
+the chain is built over blocks of characters of the rendered prompt instead: an
+approximation, since equal text prefixes are then only roughly equal token prefixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from array import array
+from typing import Any, Callable
+
+import redis
+
+from dispatcher.jobs import GenerationJob
+from dispatcher.registry import ModelSpec
+
+log = logging.getLogger(__name__)
+
+CHARS_PER_BLOCK_FALLBACK = 4  # characters per token, roughly, when no tokenizer is at hand
+
+
+def hint_key(block_hash: str) -> str:
+    return f"ib:prefix:{block_hash}"
+
+
+def worker_hints_key(worker_id: str) -> str:
+    return f"ib:prefix-worker:{worker_id}"
+
+
+def model_identity(model: ModelSpec) -> str:
+    """What a hash chain is rooted in: the model's name and revision (its weights)."""
+    return f"{model.name}@{model.revision or ''}"
+
+
+def chain(units: list[int] | bytes, block_size: int, root: str, max_blocks: int) -> list[str]:
+    """Chain-hash the full blocks of ``units`` (token ids, or bytes of text): hex digests."""
+    data = array("I", units).tobytes() if isinstance(units, list) else units
+    width = block_size * (4 if isinstance(units, list) else 1)
+    parent = hashlib.blake2b(root.encode(), digest_size=16).digest()
+    out: list[str] = []
+    for start in range(0, min(len(data) // width, max_blocks) * width, width):
+        parent = hashlib.blake2b(parent + data[start : start + width], digest_size=16).digest()
+        out.append(parent.hex())
+    return out
+
+
+def render(job: GenerationJob, tokenizer: Any | None) -> str:
+    """The prompt text the engines see: the chat template for messages, else the prompt."""
+    if job.messages is None:
+        return job.prompt or ""
+    messages = [m.model_dump() for m in job.messages]
+    if tokenizer is not None:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "".join(f"<{m['role']}>\n{m['content']}\n" for m in messages)
+
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def load_tokenizer(model: ModelSpec) -> Any | None:
+    """The model's tokenizer from its HF folder if prepared, else from its GGUF; None if
+    neither is at hand (the char-block fallback is used then). Loaded once per process."""
+    key = model_identity(model)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = _load_tokenizer(model)
+    return _TOKENIZERS[key]
+
+
+def _load_tokenizer(model: ModelSpec) -> Any | None:
+    from transformers import AutoTokenizer  # late: only dispatchers that hash prefixes need it
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model.artifact_path("hf")))
+    except (FileNotFoundError, OSError, ValueError):
+        pass
+    try:
+        gguf = model.artifact_path("gguf")
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:  # noqa: BLE001 - any failure means: no tokenizer here
+        log.warning("no tokenizer for %s (%s): prefix hints fall back to character blocks", model.name, exc)
+        return None
+
+
+class PrefixHasher:
+    """A job → its prompt's block-hash chain."""
+
+    def __init__(self, block_size: int = 16, max_blocks: int = 256,
+                 tokenizer_for: Callable[[ModelSpec], Any | None] = load_tokenizer) -> None:  # fmt: skip
+        self.block_size = block_size
+        self.max_blocks = max_blocks
+        self.tokenizer_for = tokenizer_for
+
+    def hashes(self, job: GenerationJob, model: ModelSpec) -> list[str]:
+        tok = self.tokenizer_for(model)
+        text = render(job, tok)
+        root = model_identity(model)
+        if tok is None:
+            return chain(text.encode(), self.block_size * CHARS_PER_BLOCK_FALLBACK, root + "#chars", self.max_blocks)
+        limit = self.block_size * self.max_blocks
+        add_special = job.messages is None  # a chat template already holds its special tokens
+        ids = tok(text, add_special_tokens=add_special)["input_ids"][:limit]
+        return chain(list(ids), self.block_size, root, self.max_blocks)
+
+
+class PrefixHints:
+    """Which workers hold which blocks, in Redis."""
+
+    def __init__(self, client: redis.Redis, ttl_s: int = 3600) -> None:
+        self.r = client
+        self.ttl_s = ttl_s
+
+    def lookup(self, hashes: list[str]) -> dict[str, int]:
+        """Worker → number of consecutive leading blocks it holds (one round trip)."""
+        if not hashes:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for h in hashes:
+            pipe.zrange(hint_key(h), 0, -1)
+        holders = [{w.decode() for w in ws} for ws in pipe.execute()]
+        matched: dict[str, int] = {}
+        for worker in holders[0]:
+            n = 0
+            while n < len(holders) and worker in holders[n]:
+                n += 1
+            matched[worker] = n
+        return matched
+
+    def record(self, worker_id: str, hashes: list[str], client: Any = None) -> None:
+        """``worker_id`` holds these blocks now (a dispatch to it, or a finished job)."""
+        if not hashes:
+            return
+        own = client is None
+        pipe = client if client is not None else self.r.pipeline(transaction=False)
+        now = time.time()
+        for h in hashes:
+            pipe.zadd(hint_key(h), {worker_id: now})
+            pipe.expire(hint_key(h), self.ttl_s)
+        pipe.sadd(worker_hints_key(worker_id), *hashes)
+        pipe.expire(worker_hints_key(worker_id), self.ttl_s)
+        if own:
+            pipe.execute()
+
+    def drop_worker(self, worker_id: str) -> int:
+        """Forget every block a worker was said to hold (it died, or restarted empty)."""
+        hashes = [h.decode() for h in self.r.smembers(worker_hints_key(worker_id))]
+        pipe = self.r.pipeline(transaction=False)
+        for h in hashes:
+            pipe.zrem(hint_key(h), worker_id)
+        pipe.delete(worker_hints_key(worker_id))
+        pipe.execute()
+        return len(hashes)

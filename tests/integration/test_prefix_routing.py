@@ -1,0 +1,81 @@
+"""Prefix-affinity routing with two real llama.cpp workers on real Redis.
+
+Jobs sharing a long system prompt go to the worker that holds its KV state (and that
+worker's own prefix cache counts the reuse); a prompt nobody holds goes to the shared
+queue; a killed worker's hints vanish and its jobs go to the other one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import start_worker
+from dispatcher.prefix import PrefixHints, worker_hints_key
+
+pytestmark = pytest.mark.integration
+MODEL = "smollm2-135m"
+SYSTEM = ("You are the support assistant of a bicycle shop. You know its opening hours, its repair prices, "
+          "its rental terms and its return policy, and you answer in one short sentence. ") * 5  # fmt: skip
+
+
+def job(question: str, system: str = SYSTEM) -> dict:
+    return {"model": MODEL, "backend": "llamacpp", "sampling": {"max_tokens": 8},
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}  # fmt: skip
+
+
+def affinity(handle) -> str:  # noqa: ANN001
+    step = [s for s in handle.path if s.check == "prefix affinity"]
+    assert step, handle.path
+    return step[-1].answer
+
+
+def engine_stats(client, worker_id: str) -> dict:  # noqa: ANN001
+    return next(w.engine_stats for w in client.workers(max_age_s=0).workers if w.worker_id == worker_id)
+
+
+def test_jobs_follow_their_prefix_and_a_dead_workers_hints_vanish(client, redis_url):
+    a = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"])
+    b = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"])
+    try:
+        first = client.submit(job("When do you open?"))
+        assert affinity(first) == "shared queue" and first.selection.queue == "ib.llamacpp"  # nobody holds it yet
+        holder = first.result(timeout=300).worker
+        other = b.worker_id if holder == a.worker_id else a.worker_id
+        blocks = len(first.selection.prefix_hashes)
+        assert blocks >= 10 and PrefixHints(client.redis).lookup(first.selection.prefix_hashes) == {holder: blocks}
+
+        hits_before = engine_stats(client, holder)["prefix_hits"]
+        for q in ("How much is a tune-up?", "Can I rent a tandem?", "Do you fix e-bikes?", "What is your return policy?"):
+            h = client.submit(job(q))
+            assert affinity(h) == holder and h.selection.queue == f"ib.llamacpp.{holder}"
+            r = h.result(timeout=300)
+            assert r.worker == holder and r.usage.cached_tokens >= 64  # the prefix was not evaluated again
+        time.sleep(1.5)  # a heartbeat carries the engine's counters
+        assert engine_stats(client, holder)["prefix_hits"] >= hits_before + 4
+
+        fresh = client.submit(job("Hello?", system="You are a poet who only writes about the weather. " * 8))
+        assert affinity(fresh) == "shared queue"
+        fresh.result(timeout=300)
+
+        (a if holder == a.worker_id else b).kill()
+        # A job sent to the dead worker's own queue (a dispatcher with a stale fleet view)
+        # is swept to the shared queue by the survivor's reaper, and runs there.
+        stray = client._parse(job("Is there parking?"), {})
+        sel = client.decide(stray, client.workers(max_age_s=0))
+        client.enqueue([(stray, sel.model_copy(update={"queue": f"ib.llamacpp.{holder}", "affinity_worker": holder}))])
+        deadline = time.monotonic() + 30
+        while client.redis.exists(worker_hints_key(holder)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the other worker's reaper drops the dead one's hints
+        assert not client.redis.exists(worker_hints_key(holder))
+        assert holder not in PrefixHints(client.redis).lookup(first.selection.prefix_hashes)
+        assert client.result(stray.id, timeout=300).worker == other
+        after = client.submit(job("Are you open on Sunday?"))
+        assert after.result(timeout=300).worker == other
+        # the survivor now holds the prefix: the next job goes to it directly
+        again = client.submit(job("Do you sell helmets?"))
+        assert affinity(again) == other and again.result(timeout=300).worker == other
+    finally:
+        a.kill()
+        b.kill()
