@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test unit integration bench bench-cpu bench-batching bench-batch clean
+.PHONY: install demo test unit integration bench bench-cpu bench-batching bench-batch bench-prefix clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ bench-batching: install
 
 bench-batch: install
 	$(PY) bench/batch_throughput.py
+
+bench-prefix: install
+	$(PY) bench/prefix_routing.py
 
 clean:
 	rm -rf $(VENV) test-artifacts bench/results

@@ -65,6 +65,10 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
         return _outcome(*begin.final)
     attempt = begin.attempt
     log.info("job %s: model=%s attempt=%d max_tokens=%d", job.id, job.model, attempt, job.sampling.max_tokens)
+    if rt.hints is not None and selection.prefix_hashes:
+        # This worker is about to hold the prompt's blocks: jobs sharing them that are
+        # dispatched from now on come here (confirmed again when the job completes).
+        rt.hints.record(rt.worker_id, selection.prefix_hashes)
     rt.cancels.watch(job.id, scope=job.batch_id)
     streams = rt.streams if job.stream else None
     status = "failed"

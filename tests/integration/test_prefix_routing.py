@@ -79,3 +79,28 @@ def test_jobs_follow_their_prefix_and_a_dead_workers_hints_vanish(client, redis_
     finally:
         a.kill()
         b.kill()
+
+
+def test_the_model_tokenizer_chains_shared_system_prompts_block_by_block(registry, hf_dir):
+    from dispatcher.jobs import GenerationJob
+    from dispatcher.prefix import PrefixHasher, load_tokenizer
+
+    spec = registry.get(MODEL)
+    tok = load_tokenizer(spec)
+    assert tok is not None
+    hasher = PrefixHasher(block_size=16)
+    one = GenerationJob.model_validate(job("When do you open?"))
+    two = GenerationJob.model_validate(job("Can I rent a tandem?"))
+    h1, h2 = hasher.hashes(one, spec), hasher.hashes(two, spec)
+    text = tok.apply_chat_template([m.model_dump() for m in one.messages], tokenize=False, add_generation_prompt=True)
+    ids1 = tok(text, add_special_tokens=False)["input_ids"]
+    text2 = tok.apply_chat_template([m.model_dump() for m in two.messages], tokenize=False, add_generation_prompt=True)
+    ids2 = tok(text2, add_special_tokens=False)["input_ids"]
+    shared_tokens = next(i for i, (x, y) in enumerate(zip(ids1, ids2)) if x != y)
+    shared_blocks = sum(a == b for a, b in zip(h1, h2))
+    assert len(h1) == len(ids1) // 16
+    assert shared_blocks == shared_tokens // 16  # exactly the full blocks of the shared tokens
+    # no tokenizer: character blocks, still shared for a shared text prefix
+    chars = PrefixHasher(block_size=16, tokenizer_for=lambda _: None)
+    c1, c2 = chars.hashes(one, spec), chars.hashes(two, spec)
+    assert c1[:10] == c2[:10] and c1 != h1
