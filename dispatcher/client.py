@@ -137,7 +137,7 @@ class Client:
         if self.prefix is None or sel.backend not in self.policy.prefix_affinity_backends:
             return sel
         hasher, hints = self.prefix
-        hashes = hasher.hashes(job, model)
+        hashes = hasher.hashes(job, model, self.backends[sel.backend].engine_config().get("prefix_block_tokens"))
         return apply_affinity(sel, hashes, hints.lookup(hashes), fleet, self.policy)
 
     # ------------------------------------------------------------- submitting

@@ -11,17 +11,19 @@ last time it held the block), with a TTL. A dispatch looks up every block of a p
 one pipelined round trip; a worker that finishes a job confirms its blocks; a dead or
 restarted worker's hints are dropped (``ib:prefix-worker:<id>`` lists them).
 
-Without a tokenizer for the model (neither the HF folder nor the GGUF can give one),
-the chain is built over blocks of characters of the rendered prompt instead: an
-approximation, since equal text prefixes are then only roughly equal token prefixes.
+Without a tokenizer for the model (its HF folder is not prepared on this host), the chain
+is built over blocks of characters of the rendered prompt instead: an approximation,
+since equal text prefixes are then only roughly equal token prefixes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from array import array
+from pathlib import Path
 from typing import Any, Callable
 
 import redis
@@ -59,41 +61,66 @@ def chain(units: list[int] | bytes, block_size: int, root: str, max_blocks: int)
     return out
 
 
-def render(job: GenerationJob, tokenizer: Any | None) -> str:
+def render(job: GenerationJob, tokenizer: "PromptTokenizer | None") -> str:
     """The prompt text the engines see: the chat template for messages, else the prompt."""
     if job.messages is None:
         return job.prompt or ""
     messages = [m.model_dump() for m in job.messages]
     if tokenizer is not None:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.render(messages)
     return "".join(f"<{m['role']}>\n{m['content']}\n" for m in messages)
 
 
-_TOKENIZERS: dict[str, Any] = {}
+class PromptTokenizer:
+    """The model's tokenizer (``tokenizer.json``, Rust ``tokenizers``) and chat template
+    (jinja2, sandboxed, as transformers renders it): what the engines feed the model,
+    without importing transformers or torch into a dispatcher (tens of MB, not hundreds)."""
+
+    def __init__(self, folder: Path) -> None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        template = cfg.get("chat_template")
+        if template is None and (folder / "chat_template.jinja").exists():
+            template = (folder / "chat_template.jinja").read_text()
+        if not isinstance(template, str):
+            raise ValueError(f"{folder}: no chat template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self.template = env.from_string(template)
+        self.special = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+
+    def render(self, messages: list[dict]) -> str:
+        return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
 
-def load_tokenizer(model: ModelSpec) -> Any | None:
-    """The model's tokenizer from its HF folder if prepared, else from its GGUF; None if
-    neither is at hand (the char-block fallback is used then). Loaded once per process."""
+def _raise(message: str) -> None:
+    raise ValueError(message)
+
+
+def _token_text(token: Any) -> str | None:
+    return token.get("content") if isinstance(token, dict) else token
+
+
+_TOKENIZERS: dict[str, PromptTokenizer | None] = {}
+
+
+def load_tokenizer(model: ModelSpec) -> PromptTokenizer | None:
+    """The model's tokenizer from its prepared HF folder; None without one (the
+    char-block fallback is used then). Loaded once per process."""
     key = model_identity(model)
     if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = _load_tokenizer(model)
+        try:
+            _TOKENIZERS[key] = PromptTokenizer(model.artifact_path("hf"))
+        except (FileNotFoundError, OSError, ValueError) as exc:
+            log.warning("no tokenizer for %s (%s): prefix hints fall back to character blocks", model.name, exc)
+            _TOKENIZERS[key] = None
     return _TOKENIZERS[key]
-
-
-def _load_tokenizer(model: ModelSpec) -> Any | None:
-    from transformers import AutoTokenizer  # late: only dispatchers that hash prefixes need it
-
-    try:
-        return AutoTokenizer.from_pretrained(str(model.artifact_path("hf")))
-    except (FileNotFoundError, OSError, ValueError):
-        pass
-    try:
-        gguf = model.artifact_path("gguf")
-        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    except Exception as exc:  # noqa: BLE001 - any failure means: no tokenizer here
-        log.warning("no tokenizer for %s (%s): prefix hints fall back to character blocks", model.name, exc)
-        return None
 
 
 class PrefixHasher:
@@ -105,16 +132,17 @@ class PrefixHasher:
         self.max_blocks = max_blocks
         self.tokenizer_for = tokenizer_for
 
-    def hashes(self, job: GenerationJob, model: ModelSpec) -> list[str]:
+    def hashes(self, job: GenerationJob, model: ModelSpec, block_size: int | None = None) -> list[str]:
+        """``block_size``: the backend's own KV block size, if it differs from the default."""
+        block = block_size or self.block_size
         tok = self.tokenizer_for(model)
         text = render(job, tok)
-        root = model_identity(model)
+        root = f"{model_identity(model)}/{block}"
         if tok is None:
-            return chain(text.encode(), self.block_size * CHARS_PER_BLOCK_FALLBACK, root + "#chars", self.max_blocks)
-        limit = self.block_size * self.max_blocks
+            return chain(text.encode(), block * CHARS_PER_BLOCK_FALLBACK, root + "#chars", self.max_blocks)
         add_special = job.messages is None  # a chat template already holds its special tokens
-        ids = tok(text, add_special_tokens=add_special)["input_ids"][:limit]
-        return chain(list(ids), self.block_size, root, self.max_blocks)
+        ids = tok.encode(text, add_special_tokens=add_special)[: block * self.max_blocks]
+        return chain(list(ids), block, root, self.max_blocks)
 
 
 class PrefixHints:

@@ -81,25 +81,32 @@ def test_jobs_follow_their_prefix_and_a_dead_workers_hints_vanish(client, redis_
         b.kill()
 
 
-def test_the_model_tokenizer_chains_shared_system_prompts_block_by_block(registry, hf_dir):
+def test_the_model_tokenizer_chains_shared_system_prompts_block_by_block(registry, hf_dir, reference):
     from dispatcher.jobs import GenerationJob
     from dispatcher.prefix import PrefixHasher, load_tokenizer
 
     spec = registry.get(MODEL)
     tok = load_tokenizer(spec)
     assert tok is not None
-    hasher = PrefixHasher(block_size=16)
+    hf = reference.tokenizer  # transformers' own tokenizer and chat template: what the engines use
+
+    def hf_ids(j: GenerationJob) -> list[int]:
+        text = hf.apply_chat_template([m.model_dump() for m in j.messages], tokenize=False, add_generation_prompt=True)
+        return hf(text, add_special_tokens=False)["input_ids"]
+
     one = GenerationJob.model_validate(job("When do you open?"))
     two = GenerationJob.model_validate(job("Can I rent a tandem?"))
+    for j in (one, two):  # the light tokenizer (tokenizers + jinja2) sees exactly what transformers sees
+        assert tok.encode(tok.render([m.model_dump() for m in j.messages]), add_special_tokens=False) == hf_ids(j)
+    plain = GenerationJob(model=MODEL, prompt="Once upon a time")
+    assert tok.encode(plain.prompt, add_special_tokens=True) == hf(plain.prompt)["input_ids"]
+
+    hasher = PrefixHasher(block_size=16)
     h1, h2 = hasher.hashes(one, spec), hasher.hashes(two, spec)
-    text = tok.apply_chat_template([m.model_dump() for m in one.messages], tokenize=False, add_generation_prompt=True)
-    ids1 = tok(text, add_special_tokens=False)["input_ids"]
-    text2 = tok.apply_chat_template([m.model_dump() for m in two.messages], tokenize=False, add_generation_prompt=True)
-    ids2 = tok(text2, add_special_tokens=False)["input_ids"]
+    ids1, ids2 = hf_ids(one), hf_ids(two)
     shared_tokens = next(i for i, (x, y) in enumerate(zip(ids1, ids2)) if x != y)
-    shared_blocks = sum(a == b for a, b in zip(h1, h2))
     assert len(h1) == len(ids1) // 16
-    assert shared_blocks == shared_tokens // 16  # exactly the full blocks of the shared tokens
+    assert sum(a == b for a, b in zip(h1, h2)) == shared_tokens // 16  # exactly the full blocks of the shared tokens
     # no tokenizer: character blocks, still shared for a shared text prefix
     chars = PrefixHasher(block_size=16, tokenizer_for=lambda _: None)
     c1, c2 = chars.hashes(one, spec), chars.hashes(two, spec)
