@@ -249,11 +249,12 @@ def models_list() -> None:
     from dispatcher.registry import ModelRegistry
 
     table = Table(title="models")
-    for col in ("model", "family", "HF native", "context", "formats"):
+    for col in ("model", "family", "HF native", "context", "formats", "drafts"):
         table.add_column(col)
     for spec in ModelRegistry.from_config().models.values():
         formats = ", ".join(f"{f} ({how})" for f, how in spec.formats().items())
-        table.add_row(spec.name, spec.family, "yes" if spec.hf_native else "no", str(spec.context_length), formats)
+        drafts = ", ".join(spec.drafts) or (f"(a draft for {spec.draft_of})" if spec.draft_of else "-")
+        table.add_row(spec.name, spec.family, "yes" if spec.hf_native else "no", str(spec.context_length), formats, drafts)
     console.print(table)
 
 
@@ -274,6 +275,39 @@ def models_prepare(
     with console.status(f"preparing {name} ({fmt})..."):
         path = prepare(spec, fmt, force=force)
     console.print(f"{name} {fmt}: {path}")
+    if spec.draft_of and fmt == "hf":  # a draft is checked against its target once it exists
+        _check_drafts(spec.draft_of, only=name)
+
+
+@models_app.command("check-draft")
+def models_check_draft(model: str, draft: Annotated[Optional[str], typer.Option(help="one draft (default: all registered)")] = None) -> None:
+    """Check that a model's registered drafts share its vocabulary and architecture family."""
+    _check_drafts(model, only=draft)
+
+
+def _check_drafts(model: str, only: str | None = None) -> None:
+    from dispatcher.drafts import IncompatibleDraftError, check_draft
+    from dispatcher.registry import ModelRegistry
+    from workers.model_prep import prepare
+
+    registry = ModelRegistry.from_config()
+    try:
+        target = registry.get(model)
+        drafts = [registry.get(only)] if only else registry.drafts_for(model)
+        if not drafts:
+            console.print(f"{model} has no registered draft")
+            return
+        prepare(target, "hf")
+        for d in drafts:
+            prepare(d, "hf")
+            c = check_draft(target, d)
+            console.print(f"draft {c.draft} for {c.target}: compatible ({c.vocab_size} tokens, family {c.family}, "
+                          f"{c.draft_layers} of {c.target_layers} layers)")  # fmt: skip
+    except IncompatibleDraftError as exc:
+        console.print(f"[red]refused:[/] {exc}")
+        raise typer.Exit(1) from None
+    except JobError as exc:
+        _fail(exc)
 
 
 def print_results(results: list[JobResult], prompts: list[str] | None = None) -> None:

@@ -23,6 +23,8 @@ class Artifact(BaseModel):
 
 class Derivation(BaseModel):
     from_: str = Field(alias="from")
+    model: str | None = None  # take the source format from this registered model (a derived draft)
+    layers: int | None = Field(default=None, ge=1)  # keep the first N decoder layers (+ final norm and head)
     dtype: str = "float32"
     precision: str | None = None  # ONNX builder precision: fp32 | fp16 | int4
 
@@ -38,10 +40,17 @@ class ModelSpec(BaseModel):
     license: str | None = None
     artifacts: dict[str, Artifact] = Field(default_factory=dict)
     derive: dict[str, Derivation] = Field(default_factory=dict)
+    # Speculative decoding: the registered draft models of this one (same vocabulary and
+    # architecture family, checked by dispatcher.drafts), and, on a draft, its target.
+    drafts: list[str] = Field(default_factory=list)
+    draft_of: str | None = None
 
     def formats(self) -> dict[str, str]:
         """Each available format with how it is had: 'artifact' or 'derived from X'."""
         found = {fmt: "artifact" for fmt in self.artifacts}
+        for fmt, how in self.derive.items():
+            if how.model is not None:  # from another model's format
+                found[fmt] = f"derived from {how.model} {how.from_}"
         changed = True
         while changed:  # derivations may chain (gguf -> hf -> onnx)
             changed = False
@@ -92,6 +101,11 @@ class ModelRegistry:
     def from_config(cls, data: dict[str, Any] | None = None) -> "ModelRegistry":
         data = data if data is not None else settings.load_yaml("models.yaml")
         models = {name: ModelSpec(name=name, **spec) for name, spec in (data.get("models") or {}).items()}
+        for spec in models.values():  # references between entries: a config error, said at load
+            for ref in [*spec.drafts, *([spec.draft_of] if spec.draft_of else []),
+                        *(how.model for how in spec.derive.values() if how.model)]:  # fmt: skip
+                if ref not in models:
+                    raise ValueError(f"models.yaml: {spec.name} refers to {ref!r}, which is not registered")
         return cls(models)
 
     def names(self) -> list[str]:
@@ -103,3 +117,7 @@ class ModelRegistry:
         except KeyError:
             known = ", ".join(self.names()) or "(none)"
             raise UnknownModelError(f"unknown model {name!r}; known models: {known}", {"known": self.names()}) from None
+
+    def drafts_for(self, name: str) -> list[ModelSpec]:
+        """The draft models registered for ``name`` (compatibility: dispatcher.drafts)."""
+        return [self.models[d] for d in self.get(name).drafts]

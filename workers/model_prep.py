@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from dispatcher.registry import Derivation, ModelSpec
+from dispatcher.registry import Derivation, ModelRegistry, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,14 @@ def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
     target = spec.prepared_dir(fmt)
     if (target / ".complete").exists() and not force:
         return target
-    source_fmt = spec.derive[fmt].from_
-    source = prepare(spec, source_fmt)
+    how = spec.derive[fmt]
+    source_fmt = how.from_
+    if how.model is not None:  # another model's format (a draft derived from its target)
+        source = prepare(ModelRegistry.from_config().get(how.model), source_fmt)
+    else:
+        source = prepare(spec, source_fmt)
     builders = {("gguf", "hf"): _gguf_to_hf, ("hf", "onnx"): _hf_to_onnx, ("hf", "onnx-int4"): _hf_to_onnx}
-    build = builders.get((source_fmt, fmt))
+    build = _first_layers if how.layers is not None and (source_fmt, fmt) == ("hf", "hf") else builders.get((source_fmt, fmt))
     if build is None:
         raise NotImplementedError(f"deriving {fmt} from {source_fmt} is not implemented yet")
     staging = target.with_name(f".{target.name}.tmp")
@@ -70,6 +74,25 @@ def _gguf_to_hf(gguf: Path, out: Path, how: Derivation) -> None:
     model.generation_config = quantized.generation_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def _first_layers(hf: Path, out: Path, how: Derivation) -> None:
+    """A draft model: the first ``how.layers`` decoder layers of ``hf`` with its own final
+    norm and LM head, saved with the same tokenizer: same vocabulary and family by
+    construction, a fraction of the compute per token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=getattr(torch, how.dtype))
+    total = model.config.num_hidden_layers
+    if how.layers >= total:
+        raise ValueError(f"a draft needs fewer layers than its source ({how.layers} >= {total})")
+    model.model.layers = model.model.layers[: how.layers]
+    model.config.num_hidden_layers = how.layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[: how.layers]
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(hf).save_pretrained(out)
 
 
 def _hf_to_onnx(hf: Path, out: Path, how: Derivation) -> None:

