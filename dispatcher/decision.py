@@ -177,6 +177,7 @@ def decide(
 
     choice = _apply_liveness(job, model, fleet, policy, runnable, choice, path)
     config = {**backends[choice].engine_config(), "max_model_len": model.context_length}
+    config["speculative"] = _speculative(job, backends[choice], config.get("speculative"), path)
     return Selection(
         backend=choice,
         queue=queue_for(choice),
@@ -186,6 +187,28 @@ def decide(
         path=path,
         tree_choice=tree_choice,
     )
+
+
+def _speculative(job: GenerationJob, backend: BackendSpec, spec: dict[str, Any] | None, path: list[PathStep]) -> dict[str, Any] | None:
+    """Whether speculative decoding applies to this job on this backend, said in the path."""
+    if job.speculative is False:
+        if spec:
+            path.append(PathStep(check="speculative", answer="off", detail="the job opted out"))
+        return None
+    if not spec:
+        if job.speculative:
+            why = backend.engine_config().get("speculative_unsupported") or f"not configured for {backend.display_name}"
+            path.append(PathStep(check="speculative", answer="not applied", detail=why))
+        return None
+    if not (job.speculative or spec.get("by_default")):
+        return None  # available on request (speculative=true)
+    if not job.sampling.greedy:
+        path.append(PathStep(check="speculative", answer="not applied", detail="greedy jobs only (temperature 0)"))
+        return None
+    what = "prompt lookup (n-gram), no draft model" if spec.get("method") == "ngram" else "the registered draft model"
+    path.append(PathStep(check="speculative", answer=str(spec.get("method")),
+                         detail=f"{what}, {spec.get('num_tokens')} tokens a pass; the job runs unbatched"))  # fmt: skip
+    return spec
 
 
 def _apply_liveness(

@@ -82,6 +82,8 @@ class GenerationJob(BaseModel):
     custom_id: str | None = None
     batch_line: int | None = Field(default=None, ge=1)  # the line of the batch file it came from
     stream: bool = False  # publish text deltas as they are generated (JobHandle.stream())
+    # Speculative decoding: None = the backend's default, False = never (opt out), True = wanted.
+    speculative: bool | None = None
     submitted_at: float = Field(default_factory=time.time)
 
     @model_validator(mode="after")
@@ -157,6 +159,8 @@ class JobResult(BaseModel):
     batch_id: str | None = None
     custom_id: str | None = None
     batch_line: int | None = None
+    # method, target forward passes, tokens accepted beyond one per pass (None: not speculative)
+    speculative: dict[str, Any] | None = None
 
     @property
     def tokens_per_s(self) -> float:

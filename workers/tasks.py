@@ -119,6 +119,7 @@ def build_result(
         batch_id=job.batch_id,
         custom_id=job.custom_id,
         batch_line=job.batch_line,
+        speculative=out.speculative,
     )
 
 

@@ -45,6 +45,7 @@ class EngineOutput:
     finished_at: float
     cached_tokens: int = 0  # prompt tokens served from a prefix cache
     completion_tokens: int | None = None  # when the engine has no token ids (a remote server's usage)
+    speculative: dict[str, Any] | None = None  # method, target passes, accepted tokens
 
 
 @dataclass(eq=False)
@@ -62,6 +63,8 @@ class EngineRequest:
     cached_tokens: int = 0  # prompt tokens whose KV state came from a prefix cache
     on_text: Callable[[str], None] | None = None  # streaming: receives text deltas
     streamed: int = 0  # characters of text already sent to on_text
+    speculative: dict[str, Any] | None = None  # the engine's speculative config, if it applies to this job
+    target_passes: int = 0  # speculative: forward passes of the target model
 
 
 class Engine(ABC):
@@ -140,6 +143,9 @@ class Engine(ABC):
                 first_token_at=r.first_token_at,
                 finished_at=time.time(),
                 cached_tokens=r.cached_tokens,
+                speculative=None if r.speculative is None else {
+                    "method": r.speculative["method"], "target_passes": r.target_passes,
+                    "accepted_tokens": max(0, len(r.tokens) - r.target_passes)},
             )
         )
 
@@ -152,6 +158,16 @@ class Engine(ABC):
                 r.finish_reason = "cancelled"
                 self.deliver(r)
         return [r for r in batch if not r.future.done()]
+
+    supports_speculative = False  # engines that verify drafted tokens set this
+
+    def speculative_for(self, job: GenerationJob) -> dict[str, Any] | None:
+        """The engine's speculative config if it applies: the engine verifies drafts, the
+        job did not opt out (and asked, unless the config is on by default), greedy."""
+        cfg = self.config.get("speculative")
+        if not cfg or not self.supports_speculative or job.speculative is False or not job.sampling.greedy:
+            return None
+        return cfg if (job.speculative or cfg.get("by_default")) else None
 
     def check_context(self, job: GenerationJob, prompt_ids: list[int]) -> None:
         need = len(prompt_ids) + job.sampling.max_tokens
@@ -170,7 +186,8 @@ class Engine(ABC):
         the text as it is generated, in deltas."""
         prompt_ids = self.encode(job)
         self.check_context(job, prompt_ids)
-        request = EngineRequest(job_id=job.id, prompt_ids=prompt_ids, sampling=job.sampling, on_text=on_text)
+        request = EngineRequest(job_id=job.id, prompt_ids=prompt_ids, sampling=job.sampling, on_text=on_text,
+                                speculative=self.speculative_for(job))  # fmt: skip
         with self.counted_in_flight():
             self.submit(request)
             try:

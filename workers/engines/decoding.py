@@ -24,6 +24,8 @@ def first_stop(text: str, stops: list[str]) -> int | None:
 def batch_key(request: EngineRequest) -> Hashable:
     """Requests that can share one batch: same sampling; a seeded one runs alone."""
     s = request.sampling
+    if request.speculative:  # drafting and verifying are done for one sequence at a time
+        return ("speculative", request.job_id)
     if s.greedy:
         return ("greedy",)
     return ("sample", s.temperature, s.top_p, s.seed if s.seed is None else (s.seed, request.job_id))

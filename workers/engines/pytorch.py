@@ -25,19 +25,28 @@ log = logging.getLogger(__name__)
 
 
 class BatchMonitor(StoppingCriteria):
-    """Called by ``generate`` after every decoding step with the whole batch's ids."""
+    """Called by ``generate`` after every decoding step with the whole batch's ids. A
+    speculative step appends several tokens at once (the accepted drafts and the
+    target's own next token): each is recorded in order, and the step is counted."""
 
-    def __init__(self, progress: BatchProgress) -> None:
+    def __init__(self, progress: BatchProgress, prompt_width: int) -> None:
         self.progress = progress
+        self.seen = prompt_width
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        done = self.progress.step(input_ids[:, -1].tolist())
+        for r in self.progress.requests:
+            r.target_passes += 1
+        done = list(self.progress.done)
+        for pos in range(self.seen, input_ids.shape[1]):
+            done = self.progress.step(input_ids[:, pos].tolist())
+        self.seen = input_ids.shape[1]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 class PyTorchEngine(BatchedEngine):
     backend = "pytorch"
     batching = "static"
+    supports_speculative = True  # transformers' assisted generation: a draft model, or prompt lookup
     default_batch_size = 8
     default_max_wait_ms = 20.0
 
@@ -53,8 +62,28 @@ class PyTorchEngine(BatchedEngine):
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.draft_model = self._load_draft(dtype)
         self.start_scheduler()
         log.info("pytorch engine: %s on %s, %d threads, loaded in %.1f s", self.model.name, self.device, self.threads, time.monotonic() - t0)
+
+    def _load_draft(self, dtype: torch.dtype) -> Any | None:
+        """The registered draft model, checked against this one, when the config drafts with one."""
+        spec = self.config.get("speculative") or {}
+        if spec.get("method") != "draft":
+            return None
+        from dispatcher.drafts import check_draft
+        from dispatcher.registry import ModelRegistry
+
+        drafts = ModelRegistry.from_config().drafts_for(self.model.name)
+        if not drafts:
+            raise ValueError(f"speculative method 'draft' but {self.model.name} has no registered draft model")
+        check_draft(self.model, drafts[0])
+        draft = AutoModelForCausalLM.from_pretrained(drafts[0].artifact_path("hf"), dtype=dtype).to(self.device).eval()
+        gen = draft.generation_config  # a fixed number of drafted tokens per pass, every pass
+        gen.num_assistant_tokens = int(spec.get("num_tokens", 4))
+        gen.num_assistant_tokens_schedule = "constant"
+        gen.assistant_confidence_threshold = 0.0
+        return draft
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "device": getattr(self, "device", "cpu")}
@@ -78,12 +107,19 @@ class PyTorchEngine(BatchedEngine):
         )
         if s.seed is not None:
             torch.manual_seed(s.seed)
+        spec = batch[0].speculative  # a speculative request runs alone (decoding.batch_key)
+        extra: dict[str, Any] = {}
+        if spec and spec["method"] == "ngram":
+            extra["prompt_lookup_num_tokens"] = int(spec.get("num_tokens", 10))
+        elif spec and spec["method"] == "draft" and self.draft_model is not None:
+            extra["assistant_model"] = self.draft_model
         progress = BatchProgress(self, batch)
         with torch.inference_mode():
             self.hf_model.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 generation_config=config,
-                stopping_criteria=[BatchMonitor(progress)],
+                stopping_criteria=[BatchMonitor(progress, width)],
+                **extra,
             )
         progress.finish_rest()
