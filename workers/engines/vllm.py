@@ -108,8 +108,29 @@ class VllmEngine(HFTokenizerMixin, Engine):
         if on_gpu:
             args["gpu_memory_utilization"] = float(self.config.get("gpu_memory_utilization", 0.85))
         if self.config.get("speculative"):
-            args["speculative_config"] = self.config["speculative"]
+            args["speculative_config"] = self.vllm_speculative(self.config["speculative"])
         return AsyncEngineArgs(**args)
+
+    def vllm_speculative(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Our speculative config as vLLM's: n-gram prompt lookup, or the registered draft."""
+        n = int(spec.get("num_tokens", 5))
+        if spec.get("method") == "ngram":
+            return {"method": "ngram", "num_speculative_tokens": n,
+                    "prompt_lookup_max": int(spec.get("prompt_lookup_max", 4)), "prompt_lookup_min": int(spec.get("prompt_lookup_min", 2))}  # fmt: skip
+        from dispatcher.drafts import check_draft
+        from dispatcher.registry import ModelRegistry
+
+        drafts = ModelRegistry.from_config().drafts_for(self.model.name)
+        if not drafts:
+            raise ValueError(f"speculative method 'draft' but {self.model.name} has no registered draft model")
+        check_draft(self.model, drafts[0])
+        return {"method": "draft_model", "model": str(drafts[0].artifact_path("hf")), "num_speculative_tokens": n}
+
+    supports_speculative = True
+
+    def speculative_for(self, job: Any) -> dict[str, Any] | None:
+        """vLLM speculates engine-wide: every request of a speculative engine is drafted for."""
+        return self.config.get("speculative") or None
 
     def load(self) -> None:
         path = self.model.artifact_path("hf")
@@ -172,6 +193,7 @@ class VllmEngine(HFTokenizerMixin, Engine):
         async for out in self.llm.generate(prompt, params, request_id=r.job_id):
             completion = out.outputs[0]
             if completion.token_ids:
+                r.target_passes += 1  # one engine step: its accepted drafts and its own token
                 r.tokens.extend(completion.token_ids)
                 if r.first_token_at is None:
                     r.first_token_at = time.time()
