@@ -217,3 +217,45 @@ def test_a_missing_or_non_gguf_file_is_refused(tmp_path):
     bad.write_bytes(b"PK\x03\x04 not a model")
     with pytest.raises(ValueError, match="is not a GGUF file"):
         check_gguf_file(bad)
+
+
+PASSAGE = ("The committee met on Tuesday at the town hall. It agreed to repair the bridge over the river, "
+           "to open the library on Sundays, and to plant forty trees along the main street before winter.")  # fmt: skip
+SPEC_PROMPTS = [f"Repeat this text exactly: {PASSAGE}", f"{PASSAGE}\n\nCopy the second sentence.",
+                f"Quote this word for word: {PASSAGE}", f"{PASSAGE}\n\nWhat will be planted, and where?",
+                "Write a short story about a lighthouse.", "Explain photosynthesis in simple words.",
+                "List the days of the week.", "Describe the sea in two sentences."]  # fmt: skip
+
+
+def test_prompt_lookup_speculation_keeps_greedy_output_up_to_near_ties(engine):
+    """Drafts are verified in one llama_decode with the sequence's last token, so their
+    logits come from a batched evaluation: as with continuous batching, a greedy pick
+    between two almost equal logits can flip. Every difference from plain decoding must
+    be such a flip; copy-heavy prompts must accept drafts (fewer target passes)."""
+    jobs = [job(chat(p), max_tokens=48) for p in SPEC_PROMPTS]
+    plain = [engine.generate(j) for j in jobs]
+    drafted_before = engine.drafted_tokens
+    spec = [engine.generate(j.model_copy(update={"speculative": True})) for j in jobs]
+    assert all(p.speculative is None for p in plain)
+    for s in spec:
+        assert s.speculative["method"] == "ngram"
+        assert s.speculative["accepted_tokens"] == len(s.token_ids) - s.speculative["target_passes"]
+    copy = spec[:4]
+    assert sum(s.speculative["accepted_tokens"] for s in copy) > sum(s.speculative["target_passes"] for s in copy)
+    assert engine.drafted_tokens > drafted_before and engine.stats()["accepted_tokens"] > 0
+
+    reference = llama_cpp.Llama(model_path=str(engine.model.artifact_path("gguf")), n_ctx=512, logits_all=True,
+                                n_threads=engine.threads, verbose=False)  # fmt: skip
+    identical = 0
+    for j, p, s in zip(jobs, plain, spec):
+        k = first_difference(p.token_ids, s.token_ids)
+        if k is None and len(p.token_ids) == len(s.token_ids):
+            identical += 1
+            continue
+        reference.reset()
+        reference.eval(engine.encode(j) + p.token_ids[:k])
+        logits = np.asarray(reference.scores[reference.n_tokens - 1])
+        behind = logits.max() - logits[[p.token_ids[k], s.token_ids[k]]]
+        assert (behind < 0.5).all(), f"{j.messages[-1].content[:40]!r}: token {k} was no near-tie ({behind} logits behind)"
+    reference.close()
+    print(f"prompt lookup vs plain: {identical}/{len(jobs)} identical over 48 tokens; the rest differ at near-ties")

@@ -79,3 +79,13 @@ def test_load_trades_against_blocks():
 def test_backends_without_prefix_state_are_left_alone():
     onnx = SEL.model_copy(update={"backend": "onnx", "queue": "ib.onnx"})
     assert apply_affinity(onnx, HASHES, {"a": 32}, FleetView(workers=[worker("a")]), DecisionPolicy()) == onnx
+
+
+def test_ngram_drafts_continue_the_latest_earlier_repeat():
+    from workers.engines.ngram import ngram_draft
+
+    seq = [1, 2, 3, 4, 5, 9, 1, 2, 3]
+    assert ngram_draft(seq, 2) == [4, 5]  # "1 2 3" was followed by 4 5
+    assert ngram_draft([7, 8, 7, 9, 7], 3) == [9, 7]  # the most recent earlier "7"
+    assert ngram_draft([1, 2, 3], 4) == []  # nothing repeats
+    assert ngram_draft(seq, 0) == []

@@ -53,6 +53,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from dispatcher.jobs import EngineError, GenerationJob, SamplingParams
 from workers.engines.base import Engine, EngineRequest, ModelArtifactError, fail_requests
 from workers.engines.decoding import append_token
+from workers.engines.ngram import ngram_draft
 from workers.prefix_cache import PrefixStateCache, common_prefix_len
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ def reservation(r: EngineRequest) -> int:
 
 class LlamaCppEngine(Engine):
     backend = "llamacpp"
+    supports_speculative = True  # prompt-lookup drafts, verified in the same llama_decode as the batch
 
     # ---------------------------------------------------------- configuration
 
@@ -122,6 +124,12 @@ class LlamaCppEngine(Engine):
     @property
     def capacity(self) -> int:
         return self.max_seqs
+
+    @property
+    def draft_tokens(self) -> int:
+        """Drafted tokens a speculative sequence may add to a step (0: speculation off)."""
+        spec = self.config.get("speculative") or {}
+        return int(spec.get("num_tokens", 10)) if spec.get("method") == "ngram" else 0
 
     # ---------------------------------------------------------- lifecycle
 
@@ -145,7 +153,7 @@ class LlamaCppEngine(Engine):
         params.kv_unified = True
         self.n_ctx = max(int(self.config.get("kv_cache_tokens", 8192)), self.max_model_len)
         params.n_ctx = self.n_ctx
-        self.n_batch = max(self.prefill_chunk, self.max_seqs) + self.max_seqs
+        self.n_batch = max(self.prefill_chunk, self.max_seqs) + self.max_seqs * (1 + self.draft_tokens)
         params.n_batch = params.n_ubatch = self.n_batch
         params.n_threads = params.n_threads_batch = self.threads
         self.ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
@@ -158,6 +166,7 @@ class LlamaCppEngine(Engine):
         self.prefix_cache = PrefixStateCache(budget, int(self.config.get("prefix_min_tokens", 32)))
         self.prompt_tokens_evaluated = 0  # the engine's own count: what prefix reuse saves
         self.steps = 0
+        self.drafted_tokens = self.accepted_tokens = 0  # speculative (prompt lookup) counters
 
         self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
         self._free = list(range(self.max_seqs))
@@ -219,6 +228,8 @@ class LlamaCppEngine(Engine):
             "prefix_bytes": c.bytes_used,
             "prefix_evicted": c.stats.evicted,
             "steps": self.steps,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
         }
 
     # ---------------------------------------------------------- requests
@@ -326,9 +337,14 @@ class LlamaCppEngine(Engine):
         prefillers a chunk of their prompt; then each sequence with logits samples."""
         self.batch.n_tokens = 0
         outputs: list[tuple[Sequence, int]] = []
+        drafts: list[tuple[Sequence, int, list[int], list[int]]] = []  # seq, its n_past, drafted tokens, their logit rows
         for s in self._running:
             if not s.prefilling:
+                draft = self._draft(s)
                 outputs.append((s, self._add(s.request.tokens[-1], s.n_past, s.seq_id, True)))
+                if draft:
+                    rows = [self._add(d, s.n_past + 1 + j, s.seq_id, True) for j, d in enumerate(draft)]
+                    drafts.append((s, s.n_past, draft, rows))
                 s.n_past += 1
         room = self.n_batch - self.batch.n_tokens
         for s in self._running:
@@ -351,17 +367,50 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"llama_decode failed with code {rc} ({len(self._running)} sequences)")
         self.steps += 1
         now = time.time()
+        drafted = {id(s): (n_past, draft, rows) for s, n_past, draft, rows in drafts}
         for s, idx in outputs:
             if s.save_prefix and len(s.request.tokens) == 0:
                 self._save_prefix(s)
+            if s.request.speculative and not s.prefilling:
+                s.request.target_passes += 1
             tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx)
             if reason := append_token(self, s.request, tok, self._eos, now):
                 self._finish(s, reason)
+            elif id(s) in drafted:
+                self._verify(s, tok, *drafted[id(s)], now)
         running = list(self._running)
         cancelled = self.cancelled([s.request.job_id for s in running])
         for s in running:
             if s.request.job_id in cancelled or s.request.aborted:
                 self._finish(s, "cancelled")
+
+    def _draft(self, s: Sequence) -> list[int]:
+        """Prompt-lookup drafts for a decoding sequence whose job speculates (greedy only),
+        never past its max_tokens: its KV cells stay within its reservation."""
+        r = s.request
+        if not r.speculative or not self.draft_tokens:
+            return []
+        k = min(self.draft_tokens, r.sampling.max_tokens - len(r.tokens) - 1)
+        spec = r.speculative
+        return ngram_draft(r.prompt_ids + r.tokens, k, int(spec.get("max_ngram", 3)), int(spec.get("min_ngram", 1)))
+
+    def _verify(self, s: Sequence, first: int, n_past: int, draft: list[int], rows: list[int], now: float) -> None:
+        """Accept drafts while each is the target's own pick at the position before it;
+        the first miss is replaced by that pick. Cells of rejected drafts are removed."""
+        accepted, tok = 0, first
+        for d, row in zip(draft, rows):
+            if tok != d:
+                break
+            accepted += 1
+            tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, row)  # the pick after the accepted draft
+            if reason := append_token(self, s.request, tok, self._eos, now):
+                self._finish(s, reason)
+                return
+        # Cells n_past .. n_past + accepted hold the last token and the accepted drafts.
+        s.n_past = n_past + 1 + accepted
+        llama_cpp.llama_memory_seq_rm(self.memory, s.seq_id, s.n_past, -1)
+        self.drafted_tokens += len(draft)
+        self.accepted_tokens += accepted
 
     def _save_prefix(self, s: Sequence) -> None:
         """The sequence holds exactly its prompt now: keep that state for later prompts."""
