@@ -65,6 +65,7 @@ class EngineRequest:
     streamed: int = 0  # characters of text already sent to on_text
     speculative: dict[str, Any] | None = None  # the engine's speculative config, if it applies to this job
     target_passes: int = 0  # speculative: forward passes of the target model
+    drafted_tokens: int | None = None  # speculative: tokens proposed, where the engine knows it
 
 
 class Engine(ABC):
@@ -145,7 +146,7 @@ class Engine(ABC):
                 cached_tokens=r.cached_tokens,
                 speculative=None if r.speculative is None else {
                     "method": r.speculative["method"], "target_passes": r.target_passes,
-                    "accepted_tokens": max(0, len(r.tokens) - r.target_passes)},
+                    "accepted_tokens": max(0, len(r.tokens) - r.target_passes), "drafted_tokens": r.drafted_tokens},
             )
         )
 

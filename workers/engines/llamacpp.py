@@ -397,11 +397,14 @@ class LlamaCppEngine(Engine):
     def _verify(self, s: Sequence, first: int, n_past: int, draft: list[int], rows: list[int], now: float) -> None:
         """Accept drafts while each is the target's own pick at the position before it;
         the first miss is replaced by that pick. Cells of rejected drafts are removed."""
+        s.request.drafted_tokens = (s.request.drafted_tokens or 0) + len(draft)
+        self.drafted_tokens += len(draft)
         accepted, tok = 0, first
         for d, row in zip(draft, rows):
             if tok != d:
                 break
             accepted += 1
+            self.accepted_tokens += 1
             tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, row)  # the pick after the accepted draft
             if reason := append_token(self, s.request, tok, self._eos, now):
                 self._finish(s, reason)
@@ -409,8 +412,6 @@ class LlamaCppEngine(Engine):
         # Cells n_past .. n_past + accepted hold the last token and the accepted drafts.
         s.n_past = n_past + 1 + accepted
         llama_cpp.llama_memory_seq_rm(self.memory, s.seq_id, s.n_past, -1)
-        self.drafted_tokens += len(draft)
-        self.accepted_tokens += accepted
 
     def _save_prefix(self, s: Sequence) -> None:
         """The sequence holds exactly its prompt now: keep that state for later prompts."""
