@@ -175,7 +175,7 @@ class BatchFeeder:
 
     def finish_cancel(self, batch_id: str, h: dict[str, str], now: float) -> int:
         if "drained_at" not in h:
-            return self.batches.drain_unfed(batch_id, "batch_cancelled", "the batch was cancelled before this request ran")
+            return self.batches.drop_unfed(batch_id)
         if now - float(h.get("cancelling_at", now)) > self.cancel_grace_s:
             message = f"the batch was cancelled and no worker answered this request within {self.cancel_grace_s:g} s"
             return self.batches.record_staged(batch_id, "batch_cancelled", message)

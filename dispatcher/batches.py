@@ -211,9 +211,8 @@ class Batches:
         elif first_error is not None:
             errors = [{"code": "no_valid_lines", "line": first_error.line,
                        "message": f"none of the {total} lines is a valid request; the first: {first_error.message}"}]  # fmt: skip
-        self.store.end_validation(batch_id, total, errors)
-        if self.store.get(batch_id).get("status") == "cancelling":
-            self.drain_unfed(batch_id, "batch_cancelled", "the batch was cancelled before this request ran")
+        if self.store.end_validation(batch_id, total, errors) == "cancelling":
+            self.drop_unfed(batch_id)
         return self.retrieve(batch_id)
 
     def _validate(
@@ -259,11 +258,14 @@ class Batches:
 
     # ------------------------------------------------------------- read
 
-    def retrieve(self, batch_id: str) -> Batch:
+    def _record(self, batch_id: str) -> dict[str, str]:
         record = self.store.get(batch_id)
         if not record:
             raise UnknownBatchError(f"unknown batch {batch_id!r} (never created, or expired)", {"batch_id": batch_id})
-        return Batch.from_record(record)
+        return record
+
+    def retrieve(self, batch_id: str) -> Batch:
+        return Batch.from_record(self._record(batch_id))
 
     def list(self, limit: int = 20) -> list[Batch]:
         """Newest first; batches whose records expired are dropped from the index."""
@@ -278,10 +280,7 @@ class Batches:
 
     def results(self, batch_id: str) -> Iterator[dict[str, Any]]:
         """One record per finished input line, in input order (outputs and errors)."""
-        record = self.store.get(batch_id)
-        if not record:
-            raise UnknownBatchError(f"unknown batch {batch_id!r} (never created, or expired)", {"batch_id": batch_id})
-        for _, rec in self.store.records(batch_id, int(record.get("max_line", 0))):
+        for _, rec in self.store.records(batch_id, int(self._record(batch_id).get("max_line", 0))):
             yield rec
 
     def write_results(self, batch_id: str, output: str | os.PathLike, errors: str | os.PathLike | None = None) -> tuple[int, int]:
@@ -310,21 +309,22 @@ class Batches:
         record = self.store.get(batch_id)
         self.client.store.request_cancel(batch_id, ttl_s=max(60, int(record["purge_at"]) - int(time.time())))
         if "total" in record:  # validated: everything not fed yet is dropped now
-            self.drain_unfed(batch_id, "batch_cancelled", "the batch was cancelled before this request ran")
+            self.drop_unfed(batch_id)
         return self.retrieve(batch_id)
 
-    def drain_unfed(self, batch_id: str, code: str, message: str) -> int:
-        """Record an error for every staged line not handed to a queue yet."""
-        fed = int(self.store.get(batch_id).get("fed", 0))
-        written = self.record_staged(batch_id, code, message, start=fed)
+    def drop_unfed(self, batch_id: str) -> int:
+        """A cancelled batch: record ``batch_cancelled`` for every staged line not handed
+        to a queue yet (the cancel call, the submitter and the feeder may each do it)."""
+        written = self.record_staged(batch_id, "batch_cancelled", "the batch was cancelled before this request ran", unfed_only=True)
         self.store.set_fields(batch_id, drained_at=time.time())
         return written
 
-    def record_staged(self, batch_id: str, code: str, message: str, start: int = 0) -> int:
-        """Record an error for every staged line from ``start`` that has no record yet."""
+    def record_staged(self, batch_id: str, code: str, message: str, unfed_only: bool = False) -> int:
+        """Record an error for every staged line (only those never fed, with
+        ``unfed_only``) that has no record yet."""
         fed = int(self.store.get(batch_id).get("fed", 0))
         chunk = int(self.cfg["validate_chunk"])
-        written, index = 0, start
+        written, index = 0, fed if unfed_only else 0
         while batch := self.store.staged(batch_id, index, index + chunk):
             lines = [(line, index + i < fed) for i, (line, _) in enumerate(batch)]
             ids = {line: json.loads(job)["custom_id"] for line, job in batch}

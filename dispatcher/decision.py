@@ -258,14 +258,15 @@ def apply_affinity(
     load eats the gain; then the shared queue. Pure: the hints were read by the caller."""
     if not hashes or sel.backend not in policy.prefix_affinity_backends:
         return sel
+    live = fleet.live(backend=sel.backend, model=sel.model)
     best: tuple[float, int, WorkerInfo] | None = None
-    for w in fleet.live(backend=sel.backend, model=sel.model):
+    for w in live:
         blocks = matched.get(w.worker_id, 0)
         score = blocks - policy.prefix_load_penalty_blocks * w.load
         if blocks >= policy.prefix_min_blocks and (best is None or score > best[0]):
             best = (score, blocks, w)
     update: dict[str, Any] = {"prefix_hashes": hashes}
-    idle = min((w.load for w in fleet.live(backend=sel.backend, model=sel.model)), default=1.0)
+    idle = min((w.load for w in live), default=1.0)
     if best is not None and best[2].load >= 1.0 and idle < 0.5:
         # Too uneven: the holder is full while another worker is mostly free.
         step = PathStep(check="prefix affinity", answer="shared queue",

@@ -87,7 +87,9 @@ def sweep_orphans(client: redis.Redis) -> int:
     their backends' shared queues; each is swept for ``SWEEP_S`` after its death."""
     now = time.time()
     moved = 0
-    for raw in client.zrangebyscore(ORPHANED, now - SWEEP_S, "+inf"):
+    orphans = client.zrangebyscore(ORPHANED, now - SWEEP_S, "+inf")
+    priorities = sorted(set(settings.fleet_config()["priorities"].values())) if orphans else []
+    for raw in orphans:
         worker = raw.decode()
         own = client.hget(WORKER_QUEUES, worker)
         if own is None:
@@ -96,7 +98,7 @@ def sweep_orphans(client: redis.Redis) -> int:
         shared = own_queue.rsplit(".", 1)[0] if own_queue.endswith(f".{worker}") else None
         if shared is None:
             continue
-        for pri in sorted(set(settings.fleet_config()["priorities"].values())):
+        for pri in priorities:
             src, dest = (own_queue, shared) if pri == 0 else (f"{own_queue}:{pri}", f"{shared}:{pri}")
             n = client.eval(_MOVE, 2, src, dest, f'"routing_key": "{own_queue}"', f'"routing_key": "{shared}"')
             if n:
