@@ -16,14 +16,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dispatcher import settings
+from dispatcher import ops_cli, settings
 from dispatcher.batch_cli import batch_app
+from dispatcher.fleet import describe_health
 from dispatcher.jobs import BACKENDS, JobError, JobResult
 
 app = typer.Typer(help="InferenceBackend: one job queue in front of five LLM engines.", no_args_is_help=True)
 models_app = typer.Typer(help="The ModelRegistry: list models, prepare derived formats.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(batch_app, name="batch")
+app.command()(ops_cli.up)
+app.command()(ops_cli.flower)
 console = Console()
 
 ModelOpt = Annotated[str, typer.Option("--model", help="registered model name")]
@@ -178,11 +181,12 @@ def workers() -> None:
     """The live fleet, from worker heartbeats."""
     fleet = _client().workers()
     table = Table(title=f"{len(fleet.workers)} live worker(s)")
-    for col in ("worker", "backend", "hardware", "models", "status", "load", "queues"):
+    for col in ("worker", "backend", "hardware", "models", "status", "health", "load", "queues"):
         table.add_column(col)
     for w in fleet.workers:
         hw = ", ".join(f"{g.name} {g.memory_total_mb // 1024} GiB" for g in w.hardware.gpus) or f"CPU {w.hardware.cpu_cores} cores, {w.hardware.ram_gb} GiB"
-        table.add_row(w.worker_id, w.backend, hw, ", ".join(w.models), w.status, f"{w.in_flight}/{w.capacity}", ", ".join(w.queues))
+        table.add_row(w.worker_id, w.backend, hw, ", ".join(w.models), w.status, describe_health(w.health),
+                      f"{w.in_flight}/{w.capacity}", ", ".join(w.queues))  # fmt: skip
     console.print(table)
 
 
@@ -197,6 +201,7 @@ def worker(
     fmt: Annotated[Optional[str], typer.Option("--format", help="artifact format to serve, e.g. onnx-int4")] = None,
     endpoint: Annotated[Optional[str], typer.Option(help="tgi: the server's URL (OpenAI-compatible API), or IB_TGI_ENDPOINT")] = None,
     loglevel: str = "INFO",
+    metrics_port: Annotated[Optional[int], typer.Option(help="serve Prometheus /metrics here (default: metrics.port; 0: off)")] = None,
 ) -> None:
     """Start a worker: load one engine, heartbeat, consume ib.<backend>."""
     from workers.engines.base import ModelArtifactError
@@ -208,7 +213,8 @@ def worker(
         raise typer.Exit(2)
     try:
         run_worker(backend, model, threads=threads, concurrency=concurrency, worker_id=worker_id,
-                   use_gpu=False if cpu else None, fmt=fmt, endpoint=endpoint, loglevel=loglevel)  # fmt: skip
+                   use_gpu=False if cpu else None, fmt=fmt, endpoint=endpoint, loglevel=loglevel,
+                   metrics_port=metrics_port)  # fmt: skip
     except (FileNotFoundError, ModelArtifactError, NotImplementedError, JobError) as exc:
         console.print(f"[red]worker not started:[/] {exc}")
         raise typer.Exit(2) from None

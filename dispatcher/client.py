@@ -89,6 +89,7 @@ class Client:
         self.policy = DecisionPolicy(**cfg["decision"])
         self.backends = {n: BackendSpec(**s) for n, s in settings.load_yaml("backends.yaml")["backends"].items()}
         self.priorities: dict[str, int] = cfg["priorities"]
+        self.show_text = bool(cfg["flower"]["show_text"])
         self.store = JobStore(self.redis, ttl_s=int(cfg["celery"]["result_expires_s"]))
         self.fleet_cache_s = float(cfg["client"]["fleet_cache_s"])
         pcfg = cfg["prefix"]
@@ -192,6 +193,9 @@ class Client:
         summary = f"model={job.model} backend={sel.backend} max_tokens={job.sampling.max_tokens}"
         if job.batch_id:
             summary += f" batch={job.batch_id} custom_id={job.custom_id}"
+        if self.show_text:  # flower.show_text: a debugging aid, off by default
+            text = job.prompt if job.prompt is not None else " | ".join(m.content for m in job.messages or [])
+            summary += f" prompt={text[:200]!r}"
         self.app.send_task(
             GENERATE_TASK,
             args=[job.model_dump(mode="json"), sel.model_dump(mode="json")],

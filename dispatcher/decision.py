@@ -228,6 +228,10 @@ def _apply_liveness(
     if live:
         path.append(PathStep(check="live workers", answer=str(len(live)), detail=f"{choice} serving {model.name}"))
         return choice
+    sick = fleet.unhealthy(choice, model.name)
+    if sick:  # said before the policy acts, so `ib explain` shows why the backend looks empty
+        why = "; ".join(f"{w.worker_id}: {', '.join(w.health.reasons)}" for w in sick)
+        path.append(PathStep(check="unhealthy workers", answer=str(len(sick)), detail=f"{choice} not counted live: {why}"))
     rule = policy.no_worker_policy
     if rule == "reject":
         serving = sorted({w.backend for w in fleet.live(model=model.name)})

@@ -40,6 +40,45 @@ class HardwareInfo(BaseModel):
     cpu_model: str = ""
 
 
+class GPUHealth(BaseModel):
+    """One GPU as NVML saw it at the last beat (None: the driver does not say)."""
+
+    index: int
+    memory_used_mb: int
+    memory_total_mb: int
+    utilization_pct: int | None = None
+    temperature_c: int | None = None
+    ecc_uncorrected: int | None = None  # volatile (since the driver loaded) uncorrected ECC errors
+    xid_errors: list[int] = Field(default_factory=list)  # critical Xid events seen since the worker started
+
+
+class HealthFacts(BaseModel):
+    cpu_percent: float
+    ram_used_frac: float
+    rss_mb: float  # the worker and its children (vLLM's engine core): the engine's memory
+    gpus: list[GPUHealth] = Field(default_factory=list)
+
+
+class Health(BaseModel):
+    """A worker that is not ok stops consuming and the dispatcher does not count it live."""
+
+    ok: bool = True
+    reasons: list[str] = Field(default_factory=list)
+    facts: HealthFacts | None = None
+
+
+def describe_health(h: Health) -> str:
+    """One line for `ib workers`: the verdict, its reasons, and the facts behind it."""
+    if not h.ok:
+        return "UNHEALTHY: " + "; ".join(h.reasons)
+    if h.facts is None:
+        return "ok"
+    f = h.facts
+    gpus = "".join(f", GPU{g.index} {g.memory_used_mb}/{g.memory_total_mb} MiB"
+                   + (f" {g.temperature_c} C" if g.temperature_c is not None else "") for g in f.gpus)  # fmt: skip
+    return f"ok (rss {f.rss_mb:.0f} MB, RAM {f.ram_used_frac:.0%}{gpus})"
+
+
 class WorkerInfo(BaseModel):
     worker_id: str
     backend: str
@@ -56,6 +95,8 @@ class WorkerInfo(BaseModel):
     # The engine's own counters (running sequences seen, prefix cache hits, ...), as of
     # the last beat: what the engine did, not what the queue saw.
     engine_stats: dict[str, Any] = Field(default_factory=dict)
+    health: Health = Field(default_factory=Health)
+    metrics_port: int | None = None  # its own /metrics (None: served by `ib up`, or off)
 
     @property
     def load(self) -> float:
@@ -72,10 +113,16 @@ class FleetView(BaseModel):
             w
             for w in self.workers
             if w.status == "ready"
+            and w.health.ok
             and (backend is None or w.backend == backend)
             and (model is None or model in w.models)
             and (gpu is None or (w.hardware.kind == "gpu") == gpu)
         ]
+
+
+    def unhealthy(self, backend: str, model: str) -> list[WorkerInfo]:
+        """Workers that would serve but said they are unhealthy (for the decision's path)."""
+        return [w for w in self.workers if not w.health.ok and w.backend == backend and model in w.models]
 
 
 def read_fleet(client: redis.Redis) -> FleetView:

@@ -60,13 +60,16 @@ class WorkerProcess:
         except OSError:
             return ""
 
-    def wait_ready(self, timeout: float = 300) -> None:
+    def wait_ready(self, timeout: float = 300, healthy: bool = True) -> None:
+        """Until the worker heartbeats as ready (and healthy, unless ``healthy=False``)."""
         client = redis.Redis.from_url(self.redis_url)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.worker_id} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if any(w.worker_id == self.worker_id for w in read_fleet(client).live()):
+            fleet = read_fleet(client)
+            workers = fleet.live() if healthy else [w for w in fleet.workers if w.status == "ready"]
+            if any(w.worker_id == self.worker_id for w in workers):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"worker {self.worker_id} not ready after {timeout} s:\n{self.log_tail()}")

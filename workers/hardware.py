@@ -12,7 +12,7 @@ import subprocess
 
 import psutil
 
-from dispatcher.fleet import GPUInfo, HardwareInfo
+from dispatcher.fleet import GPUHealth, GPUInfo, HardwareInfo
 
 
 def cpu_cores() -> int:
@@ -88,3 +88,78 @@ def detect(use_gpu: bool | None = None) -> HardwareInfo:
         ram_gb=round(psutil.virtual_memory().total / 2**30, 1),
         cpu_model=_cpu_model(),
     )
+
+
+class NvmlHealthReader:
+    """GPU health facts for each heartbeat, through one NVML session for the worker's life.
+
+    Memory, utilisation and temperature are read each call; uncorrected ECC errors where
+    the board has ECC; critical Xid events (the driver's fault reports) are collected
+    from an NVML event set registered once, without blocking. NVML creates no CUDA
+    context. ``open()`` returns None where there is no NVML (CPU hosts)."""
+
+    def __init__(self, pynvml, handles: list) -> None:  # noqa: ANN001 - the module itself
+        self.nvml, self.handles = pynvml, handles
+        self.xids: dict[int, list[int]] = {i: [] for i in range(len(handles))}
+        self.events = None
+        try:
+            self.events = pynvml.nvmlEventSetCreate()
+            for h in handles:
+                pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self.events)
+        except pynvml.NVMLError:  # not supported (some boards, MIG, containers): no Xid facts
+            self.events = None
+
+    @classmethod
+    def open(cls) -> "NvmlHealthReader | None":
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # noqa: BLE001 - no driver, no library
+            return None
+        return cls(pynvml, handles) if handles else None
+
+    def _optional(self, fn, *args):  # noqa: ANN001, ANN202
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError:
+            return None
+
+    def _drain_xids(self) -> None:
+        while self.events is not None:
+            try:
+                event = self.nvml.nvmlEventSetWait_v2(self.events, 0)
+            except self.nvml.NVMLError:  # NVML_ERROR_TIMEOUT: nothing pending
+                return
+            idx = self._optional(self.nvml.nvmlDeviceGetIndex, event.device)
+            self.xids.setdefault(idx or 0, []).append(int(event.eventData))
+
+    def __call__(self) -> list[GPUHealth]:
+        n = self.nvml
+        self._drain_xids()
+        out = []
+        for i, h in enumerate(self.handles):
+            mem = n.nvmlDeviceGetMemoryInfo(h)
+            util = self._optional(n.nvmlDeviceGetUtilizationRates, h)
+            ecc = self._optional(n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)
+            out.append(
+                GPUHealth(
+                    index=i,
+                    memory_used_mb=mem.used // 2**20,
+                    memory_total_mb=mem.total // 2**20,
+                    utilization_pct=None if util is None else int(util.gpu),
+                    temperature_c=self._optional(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU),
+                    ecc_uncorrected=None if ecc is None else int(ecc),
+                    xid_errors=list(self.xids.get(i, [])),
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        try:
+            if self.events is not None:
+                self.nvml.nvmlEventSetFree(self.events)
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError:
+            pass

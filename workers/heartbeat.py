@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import redis
 
-from dispatcher.fleet import WORKERS_SET, WorkerInfo, inflight_key, worker_key
+from dispatcher.fleet import WORKERS_SET, Health, WorkerInfo, inflight_key, worker_key
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ class Heartbeat:
         ttl_s: float,
         on_beat: Callable[[], None] | None = None,
         engine_stats: Callable[[], dict[str, Any]] | None = None,
+        health: Callable[[], Health] | None = None,
     ) -> None:
         self.r = client
         self.info = info
@@ -37,6 +38,7 @@ class Heartbeat:
         self.ttl_s = ttl_s
         self.on_beat = on_beat
         self.engine_stats = engine_stats
+        self.health = health
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -44,6 +46,8 @@ class Heartbeat:
         self.info.in_flight = self.in_flight()
         if self.engine_stats:
             self.info.engine_stats = self.engine_stats()
+        if self.health:
+            self.info.health = self.health()
         self.info.last_beat = time.time()
         pipe = self.r.pipeline()
         pipe.set(worker_key(self.info.worker_id), self.info.model_dump_json(), px=int(self.ttl_s * 1000))

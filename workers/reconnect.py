@@ -1,12 +1,15 @@
-"""After a broker reconnect, put back the messages Celery let go of.
+"""After a broker reconnect, put back the messages this worker no longer tracks.
 
-When the broker connection drops (a Redis restart), Celery's consumer forgets the
-messages it had reserved but not started: their delivery tags belonged to the old
-channel. The broker still holds them as unacked (append-only persistence keeps them), and
-would hand them out again only after the visibility timeout (hours, above the longest
-job). This consumer step runs each time the consumer (re)starts: every message this
-worker recorded as reserved (``ib:inflight:<worker>``) that is not running is restored to
-the head of its queue at once. Running jobs carry on and finish normally.
+When the broker connection drops (a Redis restart), the consumer's delivery tags belong
+to the old channel: a reserved message that is not running by the time the consumer
+reconnects may never be acked, and the broker (append-only persistence keeps it as
+unacked) would hand it out again only after the visibility timeout (hours, above the
+longest job). This consumer step runs each time the consumer (re)starts: every message
+this worker recorded as reserved (``ib:inflight:<worker>``) that is not running is
+restored to the head of its queue at once. If the thread pool still starts one of them
+later, the job record lets only one delivery finish (workers.tasks). Running jobs carry
+on and finish normally. Often there is nothing to restore: reserved jobs the pool
+started during a short outage finish and ack as usual.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class RestoreReservedOnReconnect(bootsteps.StartStopStep):
         running = {r.id for r in active_requests}
         held = {k.decode(): v.decode() for k, v in rt.redis.hgetall(inflight_key(rt.worker_id)).items()}
         lost = {task_id: tag for task_id, tag in held.items() if task_id not in running}
+        log.info("broker reconnected: %d job(s) reserved, %d running", len(held), len(running))
         if not lost:
             return
         reaper.restore_tags(parent.app, list(lost.values()))

