@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative clean
+.PHONY: install demo test unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-profiles clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ bench-prefix: install
 
 bench-speculative: install
 	$(PY) bench/speculative.py
+
+# The seed's profile table: each CPU backend started here in turn, measured, written to
+# config/profiles.json and docs/BENCHMARKS.md (GPU rows measured elsewhere are kept).
+bench-profiles: install
+	$(VENV)/bin/ib bench profiles --start
 
 clean:
 	rm -rf $(VENV) test-artifacts bench/results

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from dispatcher import ops_cli, settings
 from dispatcher.batch_cli import batch_app
+from dispatcher.bench_cli import bench_app
 from dispatcher.fleet import describe_health
 from dispatcher.jobs import BACKENDS, JobError, JobResult
 
@@ -25,6 +26,7 @@ app = typer.Typer(help="InferenceBackend: one job queue in front of five LLM eng
 models_app = typer.Typer(help="The ModelRegistry: list models, prepare derived formats.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(batch_app, name="batch")
+app.add_typer(bench_app, name="bench")
 app.command()(ops_cli.up)
 app.command()(ops_cli.flower)
 console = Console()

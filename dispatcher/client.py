@@ -15,7 +15,7 @@ import time
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from dispatcher import settings
+from dispatcher import profiles, settings
 from dispatcher.celery_app import GENERATE_TASK, BrokerNotConfigured, get_app
 from dispatcher.decision import BackendSpec, DecisionPolicy, Selection, apply_affinity, decide
 from dispatcher.fleet import FleetView, read_fleet
@@ -98,6 +98,7 @@ class Client:
             hasher = PrefixHasher(int(pcfg["block_tokens"]), int(pcfg["max_blocks"]))
             self.prefix = (hasher, PrefixHints(self.redis, int(pcfg["hint_ttl_s"])))
         self._fleet: tuple[float, FleetView] | None = None
+        self.profile = profiles.load() if self.policy.policy == "profile" else None
 
     @cached_property
     def batches(self) -> "Batches":
@@ -134,7 +135,7 @@ class Client:
         """The tree's backend, then (for backends that keep prompt KV state) the worker
         holding the longest run of the prompt's leading blocks: one Redis round trip."""
         model = self.registry.get(job.model)
-        sel = decide(job, model, fleet, self.policy, self.backends)
+        sel = decide(job, model, fleet, self.policy, self.backends, self.profile)
         if self.prefix is None or sel.backend not in self.policy.prefix_affinity_backends:
             return sel
         hasher, hints = self.prefix

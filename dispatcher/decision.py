@@ -12,7 +12,7 @@ so ``ib explain`` and each JobResult can show why a job went where it went.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -25,6 +25,9 @@ from dispatcher.jobs import (
     UnsupportedByBackendError,
 )
 from dispatcher.registry import ModelSpec
+
+if TYPE_CHECKING:
+    from dispatcher.profiles import ProfileBook
 
 QUEUE_PREFIX = "ib."
 
@@ -46,6 +49,9 @@ class DecisionPolicy(BaseModel):
     prefix_affinity_backends: list[str] = Field(default_factory=lambda: ["llamacpp", "vllm"])
     prefix_min_blocks: int = 4
     prefix_load_penalty_blocks: float = 16
+    # tree: the seed's tree. profile: among live backends whose measured TTFT p50 meets the
+    # job's latency target, the highest measured saturated throughput (dispatcher.profiles).
+    policy: Literal["tree", "profile"] = "tree"
 
 
 class BackendSpec(BaseModel):
@@ -132,6 +138,7 @@ def decide(
     fleet: FleetView,
     policy: DecisionPolicy,
     backends: dict[str, BackendSpec],
+    profile: "ProfileBook | None" = None,
 ) -> Selection:
     """Pick the backend, queue and engine config for one job. Pure: no I/O."""
     formats = model.formats()
@@ -175,6 +182,8 @@ def decide(
                 )
             )
 
+    if job.backend is None and policy.policy == "profile":
+        choice = _profile_choice(job, model, fleet, policy, runnable, choice, profile, path)
     choice = _apply_liveness(job, model, fleet, policy, runnable, choice, path)
     config = {**backends[choice].engine_config(), "max_model_len": model.context_length}
     config["speculative"] = _speculative(job, backends[choice], config.get("speculative"), path)
@@ -213,6 +222,44 @@ def _speculative(job: GenerationJob, backend: BackendSpec, spec: dict[str, Any] 
     path.append(PathStep(check="speculative", answer=str(spec.get("method")),
                          detail=f"{what}, {spec.get('num_tokens')} tokens a pass; the job runs unbatched"))  # fmt: skip
     return spec
+
+
+def _profile_choice(
+    job: GenerationJob,
+    model: ModelSpec,
+    fleet: FleetView,
+    policy: DecisionPolicy,
+    runnable: dict[str, str],
+    choice: str,
+    profile: "ProfileBook | None",
+    path: list[PathStep],
+) -> str:
+    """The measured alternative to the tree: of the live backends, those whose TTFT p50
+    (measured on their workers' kind of hardware) meets the latency target; of those, the
+    highest saturated throughput. The path says where and why it differs from the tree."""
+    if profile is None:
+        path.append(PathStep(check="profile", answer=choice, detail="no measured profile (run `ib bench profiles`): the tree's choice"))
+        return choice
+    target = job.slo.latency_target_ms if job.slo.latency_target_ms is not None else policy.default_latency_target_ms
+    measured = []
+    for backend in runnable:
+        live = fleet.live(backend=backend, model=model.name)
+        kind = "gpu" if any(w.hardware.kind == "gpu" for w in live) else "cpu"
+        row = profile.get(backend, kind) if live else None
+        if row is not None:
+            measured.append(row)
+    meeting = sorted((r for r in measured if r.ttft_p50_ms <= target), key=lambda r: -r.saturated_tok_s)
+    seen = ", ".join(f"{r.backend} {r.ttft_p50_ms:.0f} ms / {r.saturated_tok_s:.0f} tok/s" for r in measured) or "none measured and live"
+    if not meeting:
+        path.append(PathStep(check="profile", answer=choice,
+                             detail=f"no live backend's measured TTFT p50 meets {target:g} ms ({seen}): the tree's choice"))  # fmt: skip
+        return choice
+    best = meeting[0]
+    verdict = "agrees with the tree" if best.backend == choice else f"differs from the tree ({choice})"
+    path.append(PathStep(check="profile", answer=best.backend,
+                         detail=f"{verdict}: highest measured throughput with TTFT p50 ≤ {target:g} ms on "
+                                f"{best.hardware_kind} ({seen}; measured {best.measured_at})"))  # fmt: skip
+    return best.backend
 
 
 def _apply_liveness(

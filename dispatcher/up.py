@@ -69,10 +69,12 @@ class LocalFleet:
             w = WorkerProcess(backend, url, model=self.model, extra_args=self.worker_args.get(backend), env=env,
                               log_dir=self.log_dir)  # fmt: skip
             self.workers.append(w.start())
-        if self.flower_port is not None:
-            self.flower = FlowerProcess(url, self.flower_port, self.flower_auth, log_dir=self.log_dir).start()
         for w in self.workers:
             w.wait_ready(ready_timeout)
+        if self.flower_port is not None:
+            # After the workers: Flower inspects them once at start, which is where its
+            # broker view learns each worker's own queue (a Refresh in the UI does it later).
+            self.flower = FlowerProcess(url, self.flower_port, self.flower_auth, log_dir=self.log_dir).start()
 
     def stop(self) -> None:
         for w in self.workers:

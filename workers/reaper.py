@@ -6,6 +6,13 @@ any live worker takes a short lock for it and puts those messages back at the he
 their queues through kombu's own ``restore_by_tag``, which also drops them from the
 broker's unacked set, so the visibility-timeout restore cannot deliver them a second time.
 Exactly-once completion is still guarded by the job record (dispatcher.jobstore).
+
+Two windows are not covered by those records: a worker killed between taking a message
+from the broker and recording it, and a job whose ack was lost in a broker outage. Such
+a message sits in the broker's unacked set that no live worker holds; once it is older
+than a few heartbeat TTLs, ``sweep_untracked`` puts it back (the job record answers a
+second delivery of a job that already finished), instead of it waiting for the
+visibility timeout.
 """
 
 from __future__ import annotations
@@ -62,8 +69,9 @@ def dead_workers(client: redis.Redis, me: str) -> list[str]:
     return [i for i, beat in zip(others, alive) if beat is None]
 
 
-def reap(client: redis.Redis, app: Celery, me: str) -> dict[str, int]:
-    """Restore every dead worker's reserved messages. Returns {worker: messages restored}."""
+def reap(client: redis.Redis, app: Celery, me: str, untracked_after_s: float | None = None) -> dict[str, int]:
+    """Restore every dead worker's reserved messages. Returns {worker: messages restored}.
+    With ``untracked_after_s``, also the unacked messages no live worker holds."""
     restored: dict[str, int] = {}
     for dead in dead_workers(client, me):
         if not client.set(f"ib:reap-lock:{dead}", me, nx=True, ex=60):
@@ -79,7 +87,39 @@ def reap(client: redis.Redis, app: Celery, me: str) -> dict[str, int]:
         restored[dead] = len(tags)
         log.warning("worker %s is gone: redelivered %d job(s), dropped %d prefix hint(s)", dead, len(tags), dropped)
     sweep_orphans(client)
+    if untracked_after_s:
+        sweep_untracked(client, app, me, untracked_after_s)
     return restored
+
+
+def sweep_untracked(client: redis.Redis, app: Celery, me: str, min_age_s: float) -> list[str]:
+    """Restore unacked messages older than ``min_age_s`` that no live worker has recorded
+    as reserved (one worker sweeps per ``min_age_s / 4``). Returns the restored tags."""
+    if not client.set("ib:untracked-sweep", me, nx=True, ex=max(1, int(min_age_s / 4))):
+        return []
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        index_key = channel.unacked_index_key
+    old = [t.decode() for t in client.zrangebyscore(index_key, "-inf", time.time() - min_age_s, start=0, num=1000)]
+    if not old:
+        return []
+    workers = [m.decode() for m in client.smembers(WORKERS_SET)]
+    pipe = client.pipeline(transaction=False)
+    for w in workers:
+        pipe.hvals(inflight_key(w))
+    held = {t.decode() for tags in pipe.execute() for t in tags}
+    lost = [t for t in old if t not in held]
+    if lost:
+        restore_tags(app, lost)
+        log.warning("put back %d unacked message(s) that no live worker holds (older than %.0f s)", len(lost), min_age_s)
+    return lost
+
+
+def leave(client: redis.Redis, me: str) -> int:
+    """A worker shutting down cleanly: what waits in its own queue moves to the shared
+    queue now, and late sends (stale fleet views) are swept by the others for a while."""
+    client.zadd(ORPHANED, {me: time.time()})
+    return sweep_orphans(client)
 
 
 def sweep_orphans(client: redis.Redis) -> int:
@@ -87,10 +127,11 @@ def sweep_orphans(client: redis.Redis) -> int:
     their backends' shared queues; each is swept for ``SWEEP_S`` after its death."""
     now = time.time()
     moved = 0
-    orphans = client.zrangebyscore(ORPHANED, now - SWEEP_S, "+inf")
+    orphans = [o.decode() for o in client.zrangebyscore(ORPHANED, now - SWEEP_S, "+inf")]
+    if orphans:  # one back with the same id (a restarted pod) consumes its own queue again
+        orphans = [w for w, beat in zip(orphans, client.mget([worker_key(w) for w in orphans])) if beat is None]
     priorities = sorted(set(settings.fleet_config()["priorities"].values())) if orphans else []
-    for raw in orphans:
-        worker = raw.decode()
+    for worker in orphans:
         own = client.hget(WORKER_QUEUES, worker)
         if own is None:
             continue

@@ -130,6 +130,8 @@ def run_worker(
         engine_stats=engine.stats,
         health=monitor.check,
     ).start()
+    # an unacked message that no live worker holds, this old, was lost between two records
+    untracked_after_s = 2 * float(cfg["heartbeat"]["ttl_s"])
     gate = ConsumeGate(lambda q: _control(app, "cancel_consumer", q, nodename),
                        lambda q: _control(app, "add_consumer", q, nodename), queues)  # fmt: skip
     ready = False
@@ -141,7 +143,7 @@ def run_worker(
                 gate.update(beat.info.health)
             except Exception:  # noqa: BLE001 - tried again at the next beat
                 log.warning("could not change consuming after a health change", exc_info=True)
-        reaper.reap(client, app, worker_id)
+        reaper.reap(client, app, worker_id, untracked_after_s=untracked_after_s)
 
     feeder = None
     if cfg["batch"]["feeder_in_workers"]:
@@ -152,7 +154,7 @@ def run_worker(
         nonlocal ready
         ready = True  # the consuming gate acts from the next beat (not here: this thread runs the consumer)
         beat.set_status("ready")
-        reaper.reap(client, app, worker_id)
+        reaper.reap(client, app, worker_id, untracked_after_s=untracked_after_s)
         log.info("worker %s ready: %s, queues %s, concurrency %d", worker_id, engine.describe(), queues, concurrency)
 
     @worker_shutting_down.connect(weak=False)
@@ -176,6 +178,7 @@ def run_worker(
         if feeder is not None:
             feeder.stop()
         beat.stop()
+        reaper.leave(client, worker_id)
         engine.close()
         cancels.stop()
         if gpu_reader is not None:

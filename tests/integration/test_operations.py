@@ -48,7 +48,7 @@ class UpProcess:
         self.log = ARTIFACTS / "logs" / "ib-up.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "REDIS_URL": redis_url, "IB_FLOWER_BASIC_AUTH": self.auth, "COLUMNS": "200"}
-        with self.log.open("ab") as fh:
+        with self.log.open("wb") as fh:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "dispatcher.cli", "up", "--backend", "llamacpp", "--backend", "onnx",
                  f"--flower-port={self.flower_port}", f"--metrics-port={self.metrics_port}"],
@@ -175,6 +175,10 @@ def test_flower_dashboard_in_a_real_browser_shows_both_backends_and_a_finished_t
         wait_for(lambda: "ib.generate" in driver.page_source and "SUCCESS" in driver.page_source, 60, "a finished task")
         assert SECRET not in driver.page_source
         driver.save_screenshot(str(shots / "flower-tasks.png"))
+        driver.get(f"{up.flower}/task/{done[0]['uuid']}")  # its page: the summary, not the prompt
+        wait_for(lambda: "backend=llamacpp" in driver.page_source and "completion_tokens" in driver.page_source, 30, "the task page")
+        assert SECRET not in driver.page_source
+        driver.save_screenshot(str(shots / "flower-task.png"))
         driver.get(f"{up.flower}/broker")
         own = next(q for w in workers for q in w.queues if w.backend == "llamacpp" and q.count(".") == 2)
         wait_for(lambda: "ib.llamacpp" in driver.page_source and own in driver.page_source, 60, "the queues in the broker view")

@@ -41,3 +41,37 @@ def test_job_of_a_killed_worker_is_redelivered_and_completes_exactly_once(client
         assert not client.redis.exists(inflight_key(first.worker_id))
     finally:
         second.stop()
+
+
+def test_a_message_taken_but_never_recorded_is_put_back(client, redis_url):
+    """A consumer that dies between taking a message and recording it (the window the
+    in-flight records cannot cover) leaves it unacked and untracked: a live worker's
+    sweep puts it back after two heartbeat TTLs, not the 2 h visibility timeout."""
+    import subprocess
+    import sys
+
+
+    worker = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"])
+    try:
+        worker.stop()  # no consumer on ib.llamacpp while the message is taken
+        handle = client.submit(model="smollm2-135m", prompt="Say hi.", sampling={"max_tokens": 4}, backend="llamacpp")
+        taker = (
+            "import os, sys\n"
+            "from dispatcher.celery_app import get_app\n"
+            "app = get_app(sys.argv[1])\n"
+            "with app.connection_for_read() as conn:\n"
+            "    ch = conn.default_channel\n"
+            "    for q in ('ib.llamacpp', 'ib.llamacpp:3'):\n"
+            "        m = ch.basic_get(q, no_ack=False)\n"
+            "        if m is not None: print(m.headers['id'], flush=True); os._exit(0)\n"
+            "os._exit(1)\n"
+        )
+        taken = subprocess.run([sys.executable, "-c", taker, redis_url], capture_output=True, text=True, timeout=60)
+        assert taken.returncode == 0 and taken.stdout.strip() == handle.id, taken.stderr
+        assert client.redis.hlen("unacked") >= 1 and client.status(handle.id) == "queued"
+        worker = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"])
+        result = handle.result(timeout=120)  # two heartbeat TTLs (8 s here) and a pickup
+        assert result.status == "completed" and result.worker == worker.worker_id
+        assert "no live worker holds" in worker.log_path.read_text()
+    finally:
+        worker.stop()
