@@ -30,10 +30,18 @@ def profiles_cmd(
     saturate: Annotated[int, typer.Option(help="jobs submitted at once for the saturated figure")] = 32,
     out: Annotated[Optional[Path], typer.Option(help="the profile (default: config/profiles.json)")] = None,
     docs: Annotated[Optional[Path], typer.Option(help="the markdown to update (default: docs/BENCHMARKS.md)")] = None,
+    rewrite: Annotated[bool, typer.Option(help="measure nothing: recompute the 7B estimates and rewrite the docs table")] = False,
 ) -> None:
     """Run the reference workload on each backend; update the profile and docs/BENCHMARKS.md."""
     from dispatcher.client import Client
     from dispatcher.profile_bench import measure_backend
+
+    docs = docs or settings.REPO_ROOT / "docs" / "BENCHMARKS.md"
+    if rewrite:
+        book = profiles.load(out) or profiles.ProfileBook()
+        book = profiles.ProfileBook(rows=[profiles.with_current_estimate(r) for r in book.rows])
+        console.print(f"rewrote {profiles.save(book, out)} and {write_docs(book, docs)}")
+        return
 
     command = "ib bench profiles " + " ".join(sys.argv[3:]) if len(sys.argv) > 3 else "ib bench profiles"
     rows = []
@@ -51,7 +59,7 @@ def profiles_cmd(
                     rows.append(measure_backend(client, b, model, max_tokens, saturate, command, status.update))
     book = (profiles.load(out) or profiles.ProfileBook()).merged(rows)
     path = profiles.save(book, out)
-    md = write_docs(book, docs or settings.REPO_ROOT / "docs" / "BENCHMARKS.md")
+    md = write_docs(book, docs)
     table = Table(title=f"backend profiles ({path}, {md})")
     for col in ("backend", "hardware", "TTFT p50/p95 ms", "tok/s single/saturated", "memory MB", "7B estimate"):
         table.add_column(col)

@@ -84,6 +84,7 @@ class MemoryEstimate(BaseModel):
     model: str
     precision: str
     weights_gb: float
+    kv_mb_per_token: float = 0.0  # (books written before it was recorded: `--rewrite` fills it)
     kv_cache_gb: float
     context_tokens: int
     concurrency: int
@@ -93,8 +94,9 @@ class MemoryEstimate(BaseModel):
         return round(self.weights_gb + self.kv_cache_gb, 1)
 
     def render(self) -> str:
-        return (f"~{self.total_gb:g} GB ({self.weights_gb:g} weights + {self.kv_cache_gb:g} KV for "
-                f"{self.concurrency} × {self.context_tokens} tokens, {self.precision})")  # fmt: skip
+        return (f"~{self.total_gb:g} GB: {self.weights_gb:g} GB weights + {self.kv_cache_gb:g} GB KV "
+                f"({self.kv_mb_per_token:g} MB a token × {self.concurrency} sequences × {self.context_tokens} tokens), "
+                f"{self.precision}")  # fmt: skip
 
 
 def estimate_memory(arch: Architecture, backend: str, kind: str, concurrency: int, context: int | None = None) -> MemoryEstimate:
@@ -102,13 +104,20 @@ def estimate_memory(arch: Architecture, backend: str, kind: str, concurrency: in
     context = context or arch.context
     weights = arch.params * bits / 8
     kv = arch.kv_bytes_per_token(kv_bytes) * context * concurrency
-    return MemoryEstimate(model=arch.name, precision=precision, weights_gb=round(weights / 1e9, 2), kv_cache_gb=round(kv / 1e9, 2),
+    return MemoryEstimate(model=arch.name, precision=precision, weights_gb=round(weights / 1e9, 2),
+                          kv_mb_per_token=round(arch.kv_bytes_per_token(kv_bytes) / 1e6, 3), kv_cache_gb=round(kv / 1e9, 2),
                           context_tokens=context, concurrency=concurrency)  # fmt: skip
 
 
 def configured_concurrency(backend: str) -> int:
     spec = settings.load_yaml("backends.yaml")["backends"][backend]
     return int(spec.get(CONCURRENCY_KEYS[backend], 1))
+
+
+def with_current_estimate(row: "BackendProfile") -> "BackendProfile":
+    """The row with its 7B estimate recomputed (formula or config changed, numbers kept)."""
+    est = estimate_memory(LLAMA2_7B, row.backend, row.hardware_kind, configured_concurrency(row.backend))
+    return row.model_copy(update={"estimate_7b": est})
 
 
 class BackendProfile(BaseModel):

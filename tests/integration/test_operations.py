@@ -212,3 +212,22 @@ def test_an_unhealthy_worker_stops_taking_jobs_and_loses_none(client, fleet_up, 
     # ...and when that worker leaves, its queue goes to the backend's shared queue: the
     # healthy llama.cpp worker of the fleet runs it.
     assert client.result(job.id, timeout=120).status == "completed"
+
+
+def test_explain_under_the_profile_policy_says_where_it_differs_from_the_tree(fleet_up):
+    from dispatcher import profiles
+
+    book = profiles.load()
+    assert book is not None, "config/profiles.json is measured by `make bench-profiles`"
+    live = {"llamacpp", "onnx"}  # what `ib up` runs here; the tree's CPU default is llama.cpp
+    rows = [r for r in book.rows if r.backend in live and r.hardware_kind == "cpu" and r.ttft_p50_ms <= 1000]
+    expected = max(rows, key=lambda r: r.saturated_tok_s).backend
+    out = subprocess.run([sys.executable, "-m", "dispatcher.cli", "explain", "--prompt", "hi"], capture_output=True, text=True,
+                         env={**os.environ, "IB_DECISION_POLICY": "profile", "COLUMNS": "400"}, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"decision for smollm2-135m: {expected}" in out.stdout
+    verdict = "agrees with the tree" if expected == "llamacpp" else "differs from the tree (llamacpp)"
+    assert verdict in out.stdout and "measured" in out.stdout
+    plain = subprocess.run([sys.executable, "-m", "dispatcher.cli", "explain", "--prompt", "hi"], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "400"}, timeout=60)  # fmt: skip
+    assert "decision for smollm2-135m: llamacpp" in plain.stdout and "profile" not in plain.stdout  # the tree stays the default
