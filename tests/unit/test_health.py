@@ -81,3 +81,77 @@ def test_an_unhealthy_worker_is_not_live_and_the_path_says_why():
 def test_workers_table_line():
     assert describe_health(Health(ok=False, reasons=["a", "b"])) == "UNHEALTHY: a; b"
     assert describe_health(Health(facts=facts())).startswith("ok (rss 900 MB, RAM 40%, GPU0 60000/143771 MiB 55 C")
+
+
+class FakeNVML:
+    """The part of nvidia-ml-py the reader calls, with one board that reports an Xid."""
+
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, NVML_TEMPERATURE_GPU = 1, 0, 0
+    nvmlEventTypeXidCriticalError = 8
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.pending = [type("Event", (), {"device": "h1", "eventData": 79})()]
+        self.freed = self.shut = False
+
+    def nvmlEventSetCreate(self):
+        return "set"
+
+    def nvmlDeviceRegisterEvents(self, handle, kind, events):
+        assert kind == self.nvmlEventTypeXidCriticalError and events == "set"
+
+    def nvmlEventSetWait_v2(self, events, timeout_ms):
+        assert timeout_ms == 0  # never blocks the heartbeat
+        if not self.pending:
+            raise self.NVMLError("timeout")
+        return self.pending.pop()
+
+    def nvmlDeviceGetIndex(self, handle):
+        return {"h0": 0, "h1": 1}[handle]
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("Mem", (), {"used": 60_000 * 2**20, "total": 143_771 * 2**20})()
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return type("Util", (), {"gpu": 97})()
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, kind, counter):
+        if handle == "h0":
+            raise self.NVMLError("not supported")  # a board without ECC
+        return 2
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 55
+
+    def nvmlEventSetFree(self, events):
+        self.freed = True
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+
+def test_nvml_reader_reports_each_board_and_the_xid_events_it_saw():
+    from workers.hardware import NvmlHealthReader
+
+    nvml = FakeNVML()
+    reader = NvmlHealthReader(nvml, ["h0", "h1"])
+    first, second = reader(), reader()
+    assert [g.ecc_uncorrected for g in first] == [None, 2] and first[0].temperature_c == 55
+    assert first[1].xid_errors == [79] and second[1].xid_errors == [79]  # kept: the board stays suspect
+    assert first[0].memory_used_mb == 60_000 and first[0].utilization_pct == 97
+    assert evaluate(facts(gpus=first), Thresholds()) == ["GPU 1: 2 uncorrected ECC error(s)", "GPU 1: Xid error(s) 79"]
+    reader.close()
+    assert nvml.freed and nvml.shut
+
+
+def test_the_reader_uses_names_that_nvidia_ml_py_has():
+    import pytest
+
+    pynvml = pytest.importorskip("pynvml")  # nvidia-ml-py: the dev extra installs it (no driver needed)
+    used = [n for n in dir(FakeNVML) if n.startswith(("nvml", "NVML"))]
+    assert [n for n in used if not hasattr(pynvml, n)] == []
+    from workers.hardware import NvmlHealthReader
+
+    assert NvmlHealthReader.open() is None  # no driver on this machine: no GPU facts, no error
