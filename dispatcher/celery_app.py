@@ -6,6 +6,7 @@ dies goes back to the queue; one queue per backend (``ib.<backend>``) from the s
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 from celery import Celery
@@ -26,7 +27,8 @@ def create_app(broker_url: str) -> Celery:
     cfg = settings.fleet_config()
     cel = cfg["celery"]
     steps = sorted(set(cfg["priorities"].values()))
-    app = Celery("inference_backend", broker=broker_url, backend=broker_url)
+    broker = settings.broker_url(broker_url)
+    app = Celery("inference_backend", broker=broker, backend=broker_url)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -65,7 +67,28 @@ def create_app(broker_url: str) -> Celery:
         task_create_missing_queues=True,
         timezone="UTC",
     )
+    if broker.startswith("sentinel://"):
+        # Redis Sentinel: BROKER_URL=sentinel://host:26379;sentinel://host2:26379, the
+        # monitored master's name from IB_SENTINEL_MASTER
+        app.conf.broker_transport_options["master_name"] = os.environ.get("IB_SENTINEL_MASTER", "mymaster")
+    if not settings.is_redis_broker(broker):
+        # RabbitMQ: priorities are per-queue (x-max-priority), higher first; unacked
+        # messages go back to the queue when a consumer's connection closes, so the
+        # Redis transport's visibility timeout and priority steps do not apply.
+        app.conf.update(task_queue_max_priority=AMQP_MAX_PRIORITY, task_default_priority=AMQP_MAX_PRIORITY - steps[-1],
+                        broker_transport_options={})  # fmt: skip
     return app
+
+
+AMQP_MAX_PRIORITY = 9
+
+
+def message_priority(app: Celery, level: int) -> int:
+    """Our levels (config ``priorities``: lower is served first, the Redis transport's
+    order) as the broker wants them: RabbitMQ serves higher numbers first."""
+    if settings.is_redis_broker(app.conf.broker_url):
+        return level
+    return AMQP_MAX_PRIORITY - level
 
 
 @lru_cache(maxsize=None)

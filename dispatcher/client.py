@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from dispatcher import profiles, settings
-from dispatcher.celery_app import GENERATE_TASK, BrokerNotConfigured, get_app
+from dispatcher.celery_app import GENERATE_TASK, BrokerNotConfigured, get_app, message_priority
 from dispatcher.decision import BackendSpec, DecisionPolicy, Selection, apply_affinity, decide
 from dispatcher.fleet import FleetView, read_fleet
 from dispatcher.jobs import (
@@ -90,6 +90,9 @@ class Client:
         self.backends = {n: BackendSpec(**s) for n, s in settings.load_yaml("backends.yaml")["backends"].items()}
         self.priorities: dict[str, int] = cfg["priorities"]
         self.show_text = bool(cfg["flower"]["show_text"])
+        # Prefix affinity sends to workers' own queues, which the reaper sweeps to the shared
+        # queue when a worker dies: Redis lists only. With RabbitMQ jobs use the shared queues.
+        self.own_queues = settings.is_redis_broker(self.app.conf.broker_url)
         self.store = JobStore(self.redis, ttl_s=int(cfg["celery"]["result_expires_s"]))
         self.fleet_cache_s = float(cfg["client"]["fleet_cache_s"])
         pcfg = cfg["prefix"]
@@ -136,7 +139,7 @@ class Client:
         holding the longest run of the prompt's leading blocks: one Redis round trip."""
         model = self.registry.get(job.model)
         sel = decide(job, model, fleet, self.policy, self.backends, self.profile)
-        if self.prefix is None or sel.backend not in self.policy.prefix_affinity_backends:
+        if self.prefix is None or not self.own_queues or sel.backend not in self.policy.prefix_affinity_backends:
             return sel
         hasher, hints = self.prefix
         hashes = hasher.hashes(job, model, self.backends[sel.backend].engine_config().get("prefix_block_tokens"))
@@ -202,7 +205,7 @@ class Client:
             args=[job.model_dump(mode="json"), sel.model_dump(mode="json")],
             task_id=job.id,
             queue=sel.queue,
-            priority=self.priorities[job.priority.value],
+            priority=message_priority(self.app, self.priorities[job.priority.value]),
             ignore_result=True,  # the outcome lives in the job record (dispatcher.jobstore)
             argsrepr=summary,
             kwargsrepr="{}",

@@ -38,18 +38,11 @@ def load_yaml(name: str) -> dict[str, Any]:
 
 
 def fleet_config() -> dict[str, Any]:
-    """fleet.yaml with ``IB_<SECTION>_<KEY>`` environment overrides applied (numbers and words)."""
-    cfg = {section: dict(values) for section, values in load_yaml("fleet.yaml").items()}
-    for section, values in cfg.items():
-        for key, value in values.items():
-            env = os.environ.get(f"IB_{section}_{key}".upper())
-            if env is None or isinstance(value, (dict, list)):
-                continue
-            if isinstance(value, bool):
-                values[key] = env.strip().lower() in ("1", "true", "yes", "on")
-            else:
-                values[key] = type(value)(env) if isinstance(value, (int, float)) else env
-    return cfg
+    """fleet.yaml, overridden by the site file ``IB_CONFIG_FILE``, overridden by
+    ``IB_<SECTION>_<KEY>`` environment variables (dispatcher.fleet_settings)."""
+    from dispatcher.fleet_settings import load
+
+    return load(config_dir() / "fleet.yaml")
 
 
 def with_password(url: str) -> str:
@@ -73,6 +66,18 @@ def redis_url() -> str | None:
     from dispatcher.broker import announced_url  # late: broker imports this module
 
     return announced_url()
+
+
+def broker_url(redis: str) -> str:
+    """Where Celery's messages go: ``BROKER_URL`` when set (``amqp://`` for RabbitMQ,
+    ``sentinel://`` for Redis Sentinel), else the Redis that holds everything else."""
+    return os.environ.get("BROKER_URL") or redis
+
+
+def is_redis_broker(url: str) -> bool:
+    """The Redis transport (plain, TLS, socket or Sentinel): the fleet's redelivery
+    bookkeeping (in-flight tags, own-queue sweeps) works on its lists directly."""
+    return url.split("://", 1)[0] in ("redis", "rediss", "sentinel", "redis+socket")
 
 
 def redis_client(url: str, resilient: bool = False) -> "redis.Redis":

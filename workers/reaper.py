@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 
 
 def restore_tags(app: Celery, tags: list[str]) -> None:
-    """Put reserved messages back at the head of their queues (and out of the unacked set)."""
-    if not tags:
+    """Put reserved messages back at the head of their queues (and out of the unacked set).
+    Redis transport only: RabbitMQ requeues a dead consumer's unacked messages itself."""
+    if not tags or not settings.is_redis_broker(app.conf.broker_url):
         return
     with app.connection_for_write() as conn:
         qos = conn.default_channel.qos
@@ -95,6 +96,8 @@ def reap(client: redis.Redis, app: Celery, me: str, untracked_after_s: float | N
 def sweep_untracked(client: redis.Redis, app: Celery, me: str, min_age_s: float) -> list[str]:
     """Restore unacked messages older than ``min_age_s`` that no live worker has recorded
     as reserved (one worker sweeps per ``min_age_s / 4``). Returns the restored tags."""
+    if not settings.is_redis_broker(app.conf.broker_url):
+        return []  # RabbitMQ tracks its own unacked messages per connection
     if not client.set("ib:untracked-sweep", me, nx=True, ex=max(1, int(min_age_s / 4))):
         return []
     with app.connection_for_write() as conn:

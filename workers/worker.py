@@ -80,7 +80,11 @@ def run_worker(
     engine.load()
     concurrency = concurrency or engine.capacity
 
-    queues = [queue_for(backend), f"{queue_for(backend)}.{worker_id}"]
+    queues = [queue_for(backend)]
+    if settings.is_redis_broker(app.conf.broker_url):
+        # its own queue, for prefix-affinity sends (swept to the shared one if it dies); with
+        # RabbitMQ a durable queue per worker would outlive it, so jobs use the shared queue
+        queues.append(f"{queue_for(backend)}.{worker_id}")
     # Flower and `celery inspect` show node names: say the backend and hardware there too.
     nodename = f"{worker_id}@{backend}-{hw.kind}.{socket.gethostname()}"
     worker_metrics = metrics.WorkerMetrics(backend, worker_id)
@@ -104,7 +108,8 @@ def run_worker(
         status="starting",
         metrics_port=own_port,
     )
-    client.hset(reaper.WORKER_QUEUES, worker_id, queues[1])  # swept to the shared queue if this worker dies
+    if len(queues) > 1:
+        client.hset(reaper.WORKER_QUEUES, worker_id, queues[1])  # swept to the shared queue if this worker dies
     hints = PrefixHints(client, int(cfg["prefix"]["hint_ttl_s"]))
     hints.drop_worker(worker_id)  # a restarted worker holds no KV state, whatever hints said
     tasks.RUNTIME = tasks.Runtime(

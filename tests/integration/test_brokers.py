@@ -1,0 +1,133 @@
+"""Broker options with real servers: RabbitMQ as broker with Redis for results and state,
+Redis with a password, and a worker's graceful shutdown mid-job (SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+import redis
+from conftest import start_worker
+
+from dispatcher import celery_app
+from dispatcher.client import Client
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m"
+AMQP_URL = os.environ.get("IB_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+LONG = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+
+
+def _amqp_up() -> bool:
+    host, port = "127.0.0.1", 5672
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def amqp_env(monkeypatch):
+    if not _amqp_up():
+        if os.environ.get("IB_REQUIRE_RABBITMQ"):
+            pytest.fail(f"RabbitMQ is required here and not reachable at {AMQP_URL} (scripts/rabbitmq.sh starts it)")
+        pytest.skip("no RabbitMQ at 127.0.0.1:5672 (scripts/rabbitmq.sh starts one; CI requires it)")
+    monkeypatch.setenv("BROKER_URL", AMQP_URL)
+    celery_app.app_for.cache_clear()  # apps are cached per Redis URL; this one has another broker
+    yield {"BROKER_URL": AMQP_URL}
+    monkeypatch.delenv("BROKER_URL")
+    celery_app.app_for.cache_clear()
+
+
+def wait_running(client: Client, job_id: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = client.record(job_id)
+        if record.get("status") == "running":
+            return record["worker"]
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never started")
+
+
+def test_jobs_through_rabbitmq_with_results_in_redis_survive_a_killed_worker(redis_url, amqp_env):
+    first = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"], env=amqp_env)
+    second = None
+    try:
+        assert "transport:   amqp://guest:**@127.0.0.1:5672//" in first.log_path.read_text()
+        with Client(redis_url) as client:
+            assert client.app.conf.broker_url.startswith("amqp://")
+            quick = client.submit(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], sampling={"max_tokens": 4},
+                                  backend="llamacpp", priority="interactive")  # fmt: skip
+            assert quick.selection.queue == "ib.llamacpp"  # RabbitMQ: shared queues only, no per-worker queue
+            assert quick.result(timeout=120).worker == first.worker_id
+            # the message went through RabbitMQ: the queue lives there, not as a Redis list
+            with client.app.connection_for_read() as conn:
+                assert conn.default_channel.queue_declare("ib.llamacpp", passive=True).message_count == 0
+            # Killed mid-generation: RabbitMQ puts the unacked message back when the consumer's
+            # connection closes; the next worker finishes it, once.
+            long = client.submit(model=MODEL, messages=LONG, sampling={"max_tokens": 400}, backend="llamacpp")
+            assert wait_running(client, long.id) == first.worker_id
+            time.sleep(0.5)
+            first.kill()
+            second = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"], env=amqp_env)
+            result = long.result(timeout=300)
+            record = client.record(long.id)
+            assert result.worker == second.worker_id and result.attempt == 2
+            assert record["completions"] == "1" and result.usage.completion_tokens > 0
+    finally:
+        first.kill()
+        if second is not None:
+            second.stop()
+
+
+def test_a_job_through_redis_with_a_password(tmp_path, monkeypatch):
+    from dispatcher.broker import EmbeddedBroker
+
+    monkeypatch.setenv("REDIS_PASSWORD", "pa55-w0rd")  # secrets from the environment, never in config
+    with EmbeddedBroker(port=None, data_dir=tmp_path).start(announce=False) as broker:
+        bare = f"redis://127.0.0.1:{broker.server.port}/0"  # no password in the URL: settings adds it
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(bare).ping()
+        worker = start_worker(bare, "llamacpp", extra_args=["--threads=1"])
+        try:
+            with Client(bare) as client:
+                r = client.submit(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], sampling={"max_tokens": 4},
+                                  backend="llamacpp").result(timeout=120)  # fmt: skip
+                assert r.status == "completed" and r.worker == worker.worker_id
+        finally:
+            worker.stop()
+        assert "pa55-w0rd" not in worker.log_path.read_text()  # Celery's banner masks it
+
+
+def test_sigterm_mid_job_finishes_the_running_job_and_requeues_the_reserved_one(client, redis_url):
+    # one job at a time, two reserved: SIGTERM finds one running and one waiting in the worker
+    worker = start_worker(redis_url, "llamacpp", extra_args=["--threads=1", "--concurrency=1"],
+                          env={"IB_CELERY_PREFETCH_MULTIPLIER": "2"})  # fmt: skip
+    later = None
+    try:
+        running = client.submit(model=MODEL, messages=LONG, sampling={"max_tokens": 200}, backend="llamacpp")
+        assert wait_running(client, running.id) == worker.worker_id
+        waiting = client.submit(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], sampling={"max_tokens": 4},
+                                backend="llamacpp")  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not client.redis.hexists(f"ib:inflight:{worker.worker_id}", waiting.id) and time.monotonic() < deadline:
+            time.sleep(0.05)  # reserved by the busy worker, not started
+        assert client.status(waiting.id) == "queued"
+        worker.stop(timeout=300)  # SIGTERM: stop consuming, finish what runs, hand back the rest, leave
+        assert worker.proc.returncode == 0
+        result = running.result(timeout=5)  # finished before the process exited
+        assert result.status == "completed" and result.worker == worker.worker_id and result.attempt == 1
+        assert result.usage.completion_tokens > 20
+        assert worker.worker_id not in [w.worker_id for w in client.workers().workers]  # left the fleet at once
+        assert client.status(waiting.id) == "queued"  # handed back, not lost
+        later = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"])
+        done = waiting.result(timeout=120)
+        assert done.worker == later.worker_id and done.attempt == 1
+    finally:
+        worker.kill()
+        if later is not None:
+            later.stop()
