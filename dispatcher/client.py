@@ -79,7 +79,7 @@ class JobHandle:
 class Client:
     def __init__(self, redis_url: str | None = None, registry: ModelRegistry | None = None, resilient: bool = False) -> None:
         """``resilient``: ride out a broker restart (retry with backoff) instead of failing."""
-        url = redis_url or settings.redis_url()
+        url = settings.with_password(redis_url) if redis_url else settings.redis_url()  # REDIS_PASSWORD applies to both
         if not url:
             raise BrokerNotConfigured("no broker configured: pass redis_url or set REDIS_URL")
         self.redis = settings.redis_client(url, resilient=resilient)

@@ -62,7 +62,7 @@ class WorkerProcess:
 
     def wait_ready(self, timeout: float = 300, healthy: bool = True) -> None:
         """Until the worker heartbeats as ready (and healthy, unless ``healthy=False``)."""
-        client = redis.Redis.from_url(self.redis_url)
+        client = redis.Redis.from_url(settings.with_password(self.redis_url))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:

