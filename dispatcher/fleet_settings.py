@@ -11,6 +11,7 @@ misspelt section or key in the site file is refused with its name instead of ign
 
 from __future__ import annotations
 
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -28,9 +29,14 @@ def _field_type(value: Any) -> Any:
 
 
 @lru_cache(maxsize=8)
+def _defaults(defaults_path: Path, mtime: float) -> dict[str, dict[str, Any]]:
+    return yaml.safe_load(defaults_path.read_text()) or {}
+
+
+@lru_cache(maxsize=8)
 def settings_class(defaults_path: Path, mtime: float) -> type[BaseSettings]:
     """A settings model built from the defaults file (cached per file version)."""
-    defaults = yaml.safe_load(defaults_path.read_text()) or {}
+    defaults = _defaults(defaults_path, mtime)
     forbid = ConfigDict(extra="forbid")
     sections = {
         name: create_model(f"{name}_settings", __config__=forbid,
@@ -39,13 +45,14 @@ def settings_class(defaults_path: Path, mtime: float) -> type[BaseSettings]:
     }
 
     class FleetSettings(BaseSettings):
-        model_config = SettingsConfigDict(
-            env_prefix="IB_", env_nested_delimiter="_", env_nested_max_split=1, case_sensitive=False, extra="forbid"
-        )
+        model_config = SettingsConfigDict(extra="forbid")
 
         @classmethod
         def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):  # noqa: ANN001
-            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            # The environment arrives as init values (environment_overrides): only the
+            # IB_<SECTION>_<KEY> names of known keys, so other IB_* variables (IB_DATA_DIR,
+            # IB_FLOWER_BASIC_AUTH, ...) are not mistaken for config.
+            sources: list[PydanticBaseSettingsSource] = [init_settings]
             site = os.environ.get(CONFIG_FILE_ENV)
             if site:
                 if not Path(site).is_file():
@@ -57,8 +64,19 @@ def settings_class(defaults_path: Path, mtime: float) -> type[BaseSettings]:
     return create_model("FleetSettings", __base__=FleetSettings, **fields)
 
 
+def environment_overrides(defaults: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``IB_<SECTION>_<KEY>`` for every key the defaults have (lists and maps as JSON)."""
+    found: dict[str, dict[str, Any]] = {}
+    for section, values in defaults.items():
+        for key, default in (values or {}).items():
+            raw = os.environ.get(f"IB_{section}_{key}".upper())
+            if raw is not None:
+                found.setdefault(section, {})[key] = json.loads(raw) if isinstance(default, (dict, list)) else raw
+    return found
+
+
 def load(defaults_path: Path) -> dict[str, dict[str, Any]]:
     """The effective fleet config as plain sections (defaults < site file < environment)."""
     cls = settings_class(defaults_path, defaults_path.stat().st_mtime)
-    model: BaseModel = cls()
+    model: BaseModel = cls(**environment_overrides(_defaults(defaults_path, defaults_path.stat().st_mtime)))
     return {name: getattr(model, name).model_dump() for name in cls.model_fields}

@@ -69,3 +69,11 @@ def test_broker_url_defaults_to_redis_and_rabbitmq_is_not_the_redis_transport(mo
     assert settings.broker_url("redis://h:6379/0").startswith("amqp://")
     assert [settings.is_redis_broker(u) for u in ("redis://h", "rediss://h", "sentinel://h:26379", "amqp://h", "pyamqp://h")] == [
         True, True, True, False, False]  # fmt: skip
+
+
+def test_other_ib_variables_are_not_taken_for_config(monkeypatch):
+    monkeypatch.setenv("IB_FLOWER_BASIC_AUTH", "ops:secret")  # a secret, not a flower.* key
+    monkeypatch.setenv("IB_DATA_DIR", "/tmp/x")
+    monkeypatch.setenv("IB_DECISION_PREFIX_AFFINITY_BACKENDS", '["vllm"]')  # lists and maps as JSON
+    cfg = settings.fleet_config()
+    assert "basic_auth" not in cfg["flower"] and cfg["decision"]["prefix_affinity_backends"] == ["vllm"]
