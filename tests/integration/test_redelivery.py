@@ -49,29 +49,33 @@ def test_a_message_taken_but_never_recorded_is_put_back(client, redis_url):
     sweep puts it back after two heartbeat TTLs, not the 2 h visibility timeout."""
     import subprocess
     import sys
+    import uuid
 
+    from dispatcher.decision import Selection
+    from dispatcher.jobs import GenerationJob
 
-    worker = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"])
+    # The job goes to the own queue of a worker that starts later, so that the message the
+    # "dying consumer" takes is this one, whatever else earlier tests left in shared queues.
+    worker_id = f"llamacpp-{uuid.uuid4().hex[:8]}"
+    own = f"ib.llamacpp.{worker_id}"
+    job = GenerationJob(model="smollm2-135m", prompt="Say hi.", sampling={"max_tokens": 4}, backend="llamacpp")
+    sel = client.decide(job, client.workers())
+    client.enqueue([(job, Selection(**{**sel.model_dump(), "queue": own}))])
+    taker = (
+        "import os, sys\n"
+        "from dispatcher.celery_app import get_app\n"
+        "with get_app(sys.argv[1]).connection_for_read() as conn:\n"
+        "    m = conn.default_channel.basic_get(sys.argv[2], no_ack=False)\n"
+        "    print(m.headers['id'] if m is not None else '', flush=True)\n"
+        "    os._exit(0)  # no ack, no reject, no restore: the message stays in the unacked set\n"
+    )
+    taken = subprocess.run([sys.executable, "-c", taker, redis_url, own], capture_output=True, text=True, timeout=60)
+    assert taken.returncode == 0 and taken.stdout.strip() == job.id, taken.stdout + taken.stderr
+    assert client.status(job.id) == "queued"
+    worker = start_worker(redis_url, "llamacpp", worker_id=worker_id, extra_args=["--threads=1"])
     try:
-        worker.stop()  # no consumer on ib.llamacpp while the message is taken
-        handle = client.submit(model="smollm2-135m", prompt="Say hi.", sampling={"max_tokens": 4}, backend="llamacpp")
-        taker = (
-            "import os, sys\n"
-            "from dispatcher.celery_app import get_app\n"
-            "app = get_app(sys.argv[1])\n"
-            "with app.connection_for_read() as conn:\n"
-            "    ch = conn.default_channel\n"
-            "    for q in ('ib.llamacpp', 'ib.llamacpp:3'):\n"
-            "        m = ch.basic_get(q, no_ack=False)\n"
-            "        if m is not None: print(m.headers['id'], flush=True); os._exit(0)\n"
-            "os._exit(1)\n"
-        )
-        taken = subprocess.run([sys.executable, "-c", taker, redis_url], capture_output=True, text=True, timeout=60)
-        assert taken.returncode == 0 and taken.stdout.strip() == handle.id, taken.stderr
-        assert client.redis.hlen("unacked") >= 1 and client.status(handle.id) == "queued"
-        worker = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"])
-        result = handle.result(timeout=120)  # two heartbeat TTLs (8 s here) and a pickup
-        assert result.status == "completed" and result.worker == worker.worker_id
-        assert "no live worker holds" in worker.log_path.read_text()
+        # within two heartbeat TTLs (8 s here) and a pickup, not the broker's 2 h visibility timeout
+        result = client.result(job.id, timeout=120)
+        assert result.status == "completed" and result.worker == worker_id
     finally:
         worker.stop()
