@@ -26,6 +26,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import redis
+
 from dispatcher.batch_format import job_error_record
 from dispatcher.batchstore import FEEDER_LEASE, FINAL_STATUSES
 from dispatcher.decision import Selection
