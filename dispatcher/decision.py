@@ -83,6 +83,13 @@ class Selection(BaseModel):
         return " → ".join(step.render() for step in self.path)
 
 
+def latency_target(job: GenerationJob, policy: DecisionPolicy) -> tuple[float, str]:
+    """The job's latency target and where it came from (its SLO, or the fleet default)."""
+    if job.slo.latency_target_ms is not None:
+        return job.slo.latency_target_ms, "job SLO"
+    return policy.default_latency_target_ms, "fleet default"
+
+
 def tree(job: GenerationJob, model: ModelSpec, fleet: FleetView, policy: DecisionPolicy) -> tuple[str, list[PathStep]]:
     """The seed's tree exactly as drawn: returns the leaf and the questions asked."""
     path: list[PathStep] = []
@@ -96,9 +103,7 @@ def tree(job: GenerationJob, model: ModelSpec, fleet: FleetView, policy: Decisio
         path.append(PathStep(check="GPU available?", answer="yes" if gpu else "no", detail=detail))
 
     if not gpu:
-        target = job.slo.latency_target_ms
-        source = "job SLO" if target is not None else "fleet default"
-        target = target if target is not None else policy.default_latency_target_ms
+        target, source = latency_target(job, policy)
         fast = target < policy.latency_threshold_ms
         path.append(
             PathStep(
@@ -240,7 +245,7 @@ def _profile_choice(
     if profile is None:
         path.append(PathStep(check="profile", answer=choice, detail="no measured profile (run `ib bench profiles`): the tree's choice"))
         return choice
-    target = job.slo.latency_target_ms if job.slo.latency_target_ms is not None else policy.default_latency_target_ms
+    target, _ = latency_target(job, policy)
     measured = []
     for backend in runnable:
         live = fleet.live(backend=backend, model=model.name)

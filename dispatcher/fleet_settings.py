@@ -77,6 +77,7 @@ def environment_overrides(defaults: dict[str, dict[str, Any]]) -> dict[str, dict
 
 def load(defaults_path: Path) -> dict[str, dict[str, Any]]:
     """The effective fleet config as plain sections (defaults < site file < environment)."""
-    cls = settings_class(defaults_path, defaults_path.stat().st_mtime)
-    model: BaseModel = cls(**environment_overrides(_defaults(defaults_path, defaults_path.stat().st_mtime)))
+    mtime = defaults_path.stat().st_mtime
+    cls = settings_class(defaults_path, mtime)
+    model: BaseModel = cls(**environment_overrides(_defaults(defaults_path, mtime)))
     return {name: getattr(model, name).model_dump() for name in cls.model_fields}

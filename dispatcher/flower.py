@@ -12,10 +12,10 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from dispatcher import settings
+from dispatcher.localfleet import wait_http
 
 AUTH_ENV = "IB_FLOWER_BASIC_AUTH"
 
@@ -58,22 +58,12 @@ class FlowerProcess:
         return env
 
     def start(self, timeout: float = 60) -> "FlowerProcess":
-        import httpx
-
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
                                          cwd=settings.REPO_ROOT, start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"flower exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                httpx.get(f"{self.url}/healthcheck", timeout=2)
-                return self
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        raise TimeoutError(f"flower not up on port {self.port} after {timeout} s; see {self.log_path}")
+        wait_http(self.proc, f"{self.url}/healthcheck", "flower", self.log_path, timeout)  # /healthcheck needs no auth
+        return self
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -99,6 +99,24 @@ class WorkerProcess:
         self.stop()
 
 
+def wait_http(proc: subprocess.Popen, url: str, what: str, log_path: Path, timeout: float) -> None:
+    """Until ``url`` answers 200, while ``proc`` (the server behind it) is alive; a server
+    that exits or stays silent is reported with where its log is."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log_path}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{what} not answering at {url} after {timeout} s; see {log_path}")
+
+
 def free_port() -> int:
     import socket
 
@@ -121,8 +139,6 @@ class LlamaCppServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> "LlamaCppServer":
-        import httpx
-
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -131,16 +147,8 @@ class LlamaCppServer:
                  "--n_threads", str(self.threads), "--n_threads_batch", str(self.threads), "--interrupt_requests", "False"],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        raise TimeoutError(f"llama_cpp.server on port {self.port} not up after {timeout} s; see {self.log_path}")
+        wait_http(self.proc, f"{self.url}/v1/models", "llama_cpp.server", self.log_path, timeout)
+        return self
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from datetime import date
 from typing import Callable
 

@@ -89,6 +89,25 @@ def client(redis_url):
         yield c
 
 
+def wait_for(predicate, timeout: float, what: str):  # noqa: ANN001
+    """Poll ``predicate`` until it returns something truthy (returned); a broker that is
+    restarting counts as not yet."""
+    import time
+
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except redis.ConnectionError:
+            value = None  # the broker is restarting
+        if value:
+            return value
+        time.sleep(0.25)
+    raise TimeoutError(f"not within {timeout} s: {what}")
+
+
 def start_worker(redis_url: str, backend: str = "pytorch", **kw):
     from dispatcher.localfleet import WorkerProcess
 

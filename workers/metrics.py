@@ -13,6 +13,7 @@ whole host's metrics on one port (prometheus-client's multiprocess mode).
 from __future__ import annotations
 
 import os
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from dispatcher.fleet import Health
@@ -83,24 +84,6 @@ def serve(port: int, addr: str = "0.0.0.0") -> int:
     return server.server_port
 
 
-def serve_host(port: int, multiproc_dir: str, addr: str = "0.0.0.0") -> int:
-    """Serve the summed metrics of every worker process writing to ``multiproc_dir``."""
-    from prometheus_client import multiprocess
-
-    os.environ.setdefault(MULTIPROC_ENV, multiproc_dir)
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=multiproc_dir)
-    server, _ = start_http_server(port, addr=addr, registry=registry)
-    return server.server_port
-
-
 def multiprocess_mode() -> bool:
     return bool(os.environ.get(MULTIPROC_ENV))
-
-
-def mark_dead(pid: int, multiproc_dir: str | None = None) -> None:
-    """Drop an exited worker's live gauges (its counters still count in the totals)."""
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(pid, multiproc_dir)
 

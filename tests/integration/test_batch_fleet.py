@@ -12,13 +12,12 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from conftest import ib, start_worker
+from conftest import ib, start_worker, wait_for
 from dispatcher.batch_format import CHAT_URL, COMPLETIONS_URL, line_job_id
 from dispatcher.client import Client
 
@@ -64,19 +63,6 @@ def write_file(path: Path, n: int, max_tokens: int, bad: dict[int, str] | None =
             fh.write((bad or {}).get(line) or json.dumps(request_line(line, max_tokens)))
             fh.write("\n")
     return path
-
-
-def wait_for(predicate, timeout: float, what: str):  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except redis.ConnectionError:
-            value = None  # the broker is restarting
-        if value:
-            return value
-        time.sleep(0.25)
-    raise TimeoutError(f"not within {timeout} s: {what}")
 
 
 def line_of(record: dict) -> int:

@@ -14,7 +14,8 @@ import time
 
 import httpx
 import pytest
-from conftest import ARTIFACTS, start_worker
+import redis
+from conftest import ARTIFACTS, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from dispatcher.decision import Selection
@@ -27,16 +28,6 @@ pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
 SECRET = "zebra-quartz-marker"  # in every prompt here: it must never reach Flower
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class UpProcess:
@@ -61,10 +52,9 @@ class UpProcess:
     def wait_up(self, redis_url: str) -> list:
         def up():
             assert self.proc.poll() is None, self.log.read_text()
-            return "fleet up" in self.log.read_text() and read_fleet(__import__("redis").Redis.from_url(redis_url)).live()
+            return "fleet up" in self.log.read_text() and read_fleet(redis.Redis.from_url(redis_url)).live()
 
-        wait_for(up, 600, "ib up to start two workers and Flower")
-        return read_fleet(__import__("redis").Redis.from_url(redis_url)).live()
+        return wait_for(up, 600, "ib up to start two workers and Flower")
 
     def stop(self) -> int:
         if self.proc.poll() is None:
