@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-profiles clean
+.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-profiles clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,13 @@ demo: install
 test: install
 	$(PY) -m pytest -ra
 
+# The house rules: import contracts (layers, no cycles; pyproject.toml) and ruff. CI runs
+# this before the tests.
+lint: install
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 unit: install
 	$(PY) -m pytest -ra tests/unit
 
@@ -39,22 +46,22 @@ integration: install
 	$(PY) -m pytest -ra tests/integration
 
 bench: install
-	$(PY) bench/fleet_overhead.py
+	$(PY) -m bench.fleet_overhead
 
 bench-cpu: install
-	$(PY) bench/cpu_backends.py
+	$(PY) -m bench.cpu_backends
 
 bench-batching: install
-	$(PY) bench/continuous_batching.py
+	$(PY) -m bench.continuous_batching
 
 bench-batch: install
-	$(PY) bench/batch_throughput.py
+	$(PY) -m bench.batch_throughput
 
 bench-prefix: install
-	$(PY) bench/prefix_routing.py
+	$(PY) -m bench.prefix_routing
 
 bench-speculative: install
-	$(PY) bench/speculative.py
+	$(PY) -m bench.speculative
 
 # The seed's profile table: each CPU backend started here in turn, measured, written to
 # config/profiles.json and docs/BENCHMARKS.md (GPU rows measured elsewhere are kept).

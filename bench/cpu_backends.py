@@ -1,6 +1,6 @@
 """CPU backends side by side, through the fleet, in one run.
 
-    python bench/cpu_backends.py [--prompts 32] [--max-tokens 64] [--threads 2] [--in-flight 16]
+    python -m bench.cpu_backends [--prompts 32] [--max-tokens 64] [--threads 2] [--in-flight 16]
 
 For each backend (PyTorch eager fp32, llama.cpp Q4_1, ONNX Runtime fp32 and int4) one
 `ib worker` is started alone on this machine and given the same 32 chat prompts, greedy,
@@ -24,38 +24,57 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from rich.console import Console
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from dispatcher import settings  # noqa: E402
-from dispatcher.broker import EmbeddedBroker  # noqa: E402
-from dispatcher.client import Client  # noqa: E402
-from dispatcher.localfleet import WorkerProcess  # noqa: E402
-from dispatcher.registry import ModelRegistry  # noqa: E402
-from workers import hardware  # noqa: E402
-from workers.model_prep import prepare  # noqa: E402
+from dispatcher import settings
+from dispatcher.client import Client
+from dispatcher.registry import ModelRegistry
+from ops.broker import EmbeddedBroker
+from ops.localfleet import WorkerProcess
+from workers import hardware
+from workers.model_prep import prepare
 
 console = Console()
 SUBJECTS = ["the sea", "a city", "winter", "a robot", "coffee", "mountains", "a library", "the moon"]
-ASKS = ["Write two sentences about {}.", "Describe {} in a few words.", "Give one fact about {}.", "Why do people like {}?"]
+ASKS = [
+    "Write two sentences about {}.",
+    "Describe {} in a few words.",
+    "Give one fact about {}.",
+    "Why do people like {}?",
+]
 # (label, backend, artifact format served)
-BACKENDS = [("PyTorch eager fp32", "pytorch", "hf"), ("llama.cpp Q4_1", "llamacpp", "gguf"),
-            ("ONNX Runtime fp32", "onnx", "onnx"), ("ONNX Runtime int4", "onnx", "onnx-int4")]  # fmt: skip
+BACKENDS = [
+    ("PyTorch eager fp32", "pytorch", "hf"),
+    ("llama.cpp Q4_1", "llamacpp", "gguf"),
+    ("ONNX Runtime fp32", "onnx", "onnx"),
+    ("ONNX Runtime int4", "onnx", "onnx-int4"),
+]
 SYSTEM = "You are the assistant of a city library. " + " ".join(
-    f"Rule {i}: answer in a friendly tone, keep it short, point readers to the {room} when it helps, and never guess opening times."
-    for i, room in enumerate(["reading room", "children's corner", "map archive", "music section", "study booths",
-                              "newspaper desk", "print shop", "local history shelf", "language lab", "quiet floor"] * 2)
-)  # fmt: skip
+    f"Rule {i}: answer in a friendly tone, keep it short, point readers to the {room} when it helps, "
+    "and never guess opening times."
+    for i, room in enumerate(
+        [
+            "reading room",
+            "children's corner",
+            "map archive",
+            "music section",
+            "study booths",
+            "newspaper desk",
+            "print shop",
+            "local history shelf",
+            "language lab",
+            "quiet floor",
+        ]
+        * 2
+    )
+)
 
 
 def prompts(n: int) -> list[str]:
@@ -107,7 +126,9 @@ def measure_prefix_reuse(client: Client, backend: str, texts: list[str]) -> dict
     client.submit(chat_job(backend, texts[0], 1, SYSTEM)).result(timeout=300)  # the shared prefix, evaluated once
     warm, cold = [], []
     for i, t in enumerate(texts[:16]):
-        cold.append(client.submit(chat_job(backend, t, 1, f"[session {i} {time.time_ns()}] " + SYSTEM)).result(timeout=300))
+        cold.append(
+            client.submit(chat_job(backend, t, 1, f"[session {i} {time.time_ns()}] " + SYSTEM)).result(timeout=300)
+        )
         warm.append(client.submit(chat_job(backend, t, 1, SYSTEM)).result(timeout=300))
     cold_ms = statistics.median(r.timings.ttft_s * 1000 for r in cold)
     warm_ms = statistics.median(r.timings.ttft_s * 1000 for r in warm)
@@ -154,27 +175,53 @@ def main() -> int:
         broker.stop()
 
     base = rows["PyTorch eager fp32"]["aggregate_tok_s"]
-    table = Table(title=f"CPU backends: {args.prompts} chat prompts, greedy, {args.max_tokens} new tokens, "
-                        f"{args.threads} threads, {args.in_flight} in flight")  # fmt: skip
-    for col in ("backend", "TTFT p50", "TTFT p95", "decode tok/s (1 stream)", "tok/s one at a time",
-                f"aggregate tok/s ({args.in_flight} in flight)", "vs one at a time", "vs PyTorch", "worker peak RSS"):  # fmt: skip
+    table = Table(
+        title=f"CPU backends: {args.prompts} chat prompts, greedy, {args.max_tokens} new tokens, "
+        f"{args.threads} threads, {args.in_flight} in flight"
+    )
+    for col in (
+        "backend",
+        "TTFT p50",
+        "TTFT p95",
+        "decode tok/s (1 stream)",
+        "tok/s one at a time",
+        f"aggregate tok/s ({args.in_flight} in flight)",
+        "vs one at a time",
+        "vs PyTorch",
+        "worker peak RSS",
+    ):
         table.add_column(col, justify="right")
     for label, r in rows.items():
-        table.add_row(label, f"{r['ttft_p50_ms']:.0f} ms", f"{r['ttft_p95_ms']:.0f} ms", f"{r['decode_tok_s']:.1f}",
-                      f"{r['one_at_a_time_tok_s']:.1f}", f"{r['aggregate_tok_s']:.1f}", f"{r['batching_gain']:.2f}x",
-                      f"{r['aggregate_tok_s'] / base:.2f}x", f"{r['peak_rss_mb']:.0f} MB")  # fmt: skip
+        table.add_row(
+            label,
+            f"{r['ttft_p50_ms']:.0f} ms",
+            f"{r['ttft_p95_ms']:.0f} ms",
+            f"{r['decode_tok_s']:.1f}",
+            f"{r['one_at_a_time_tok_s']:.1f}",
+            f"{r['aggregate_tok_s']:.1f}",
+            f"{r['batching_gain']:.2f}x",
+            f"{r['aggregate_tok_s'] / base:.2f}x",
+            f"{r['peak_rss_mb']:.0f} MB",
+        )
     console.print(table)
     if prefix:
         console.print(
             f"llama.cpp prefix reuse, {prefix['prompt_tokens_median']:.0f}-token prompts "
-            f"({prefix['cached_tokens_median']:.0f} from the cache): TTFT p50 cold {prefix['cold_ttft_p50_ms']:.0f} ms, "
+            f"({prefix['cached_tokens_median']:.0f} from the cache): "
+            f"TTFT p50 cold {prefix['cold_ttft_p50_ms']:.0f} ms, "
             f"reused {prefix['reused_ttft_p50_ms']:.0f} ms, {prefix['speedup']:.1f}x"
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"cpu_backends-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    record = {"bench": "cpu_backends", "time": time.time(), "args": vars(args),
-              "hardware": hardware.detect(False).model_dump(), "rows": rows, "llamacpp_prefix_reuse": prefix}  # fmt: skip
+    record = {
+        "bench": "cpu_backends",
+        "time": time.time(),
+        "args": vars(args),
+        "hardware": hardware.detect(False).model_dump(),
+        "rows": rows,
+        "llamacpp_prefix_reuse": prefix,
+    }
     path.write_text(json.dumps(record, indent=2))
     console.print(f"JSON: {path}")
     return 0

@@ -1,6 +1,6 @@
 """What does the fleet add on top of the engine? The same prompts both ways, in one run.
 
-    python bench/fleet_overhead.py [--jobs 64] [--max-tokens 32] [--threads 1]
+    python -m bench.fleet_overhead [--jobs 64] [--max-tokens 32] [--threads 1]
 
 * in-process: a PyTorchEngine in this process, fed by one thread per job, as a worker's
   task threads feed it;
@@ -26,27 +26,30 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from rich.console import Console
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from dispatcher import settings  # noqa: E402
-from dispatcher.broker import EmbeddedBroker  # noqa: E402
-from dispatcher.client import Client  # noqa: E402
-from dispatcher.decision import BackendSpec  # noqa: E402
-from dispatcher.jobs import GenerationJob  # noqa: E402
-from dispatcher.localfleet import WorkerProcess  # noqa: E402
-from dispatcher.registry import ModelRegistry  # noqa: E402
-from workers import hardware  # noqa: E402
-from workers.model_prep import prepare  # noqa: E402
+from dispatcher import connection, settings
+from dispatcher.client import Client
+from dispatcher.jobs import GenerationJob
+from dispatcher.registry import ModelRegistry, load_backends
+from ops.broker import EmbeddedBroker
+from ops.localfleet import WorkerProcess
+from workers import hardware
+from workers.model_prep import prepare
 
 console = Console()
 TOPICS = ["the sea", "a city", "winter", "a robot", "coffee", "mountains", "a library", "the moon"]
-ASKS = ["Write two sentences about {}.", "Describe {} in a few words.", "Give one fact about {}.",
-        "Write a short poem about {}.", "Why do people like {}?", "Tell a tiny story about {}.",
-        "List three words about {}.", "What colour is {}?"]  # fmt: skip
+ASKS = [
+    "Write two sentences about {}.",
+    "Describe {} in a few words.",
+    "Give one fact about {}.",
+    "Write a short poem about {}.",
+    "Why do people like {}?",
+    "Tell a tiny story about {}.",
+    "List three words about {}.",
+    "What colour is {}?",
+]
 
 
 def prompts(n: int) -> list[str]:
@@ -54,8 +57,12 @@ def prompts(n: int) -> list[str]:
 
 
 def job(text: str, max_tokens: int) -> dict:
-    return {"model": "smollm2-135m", "messages": [{"role": "user", "content": text}],
-            "sampling": {"max_tokens": max_tokens, "temperature": 0}, "backend": "pytorch"}  # fmt: skip
+    return {
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": text}],
+        "sampling": {"max_tokens": max_tokens, "temperature": 0},
+        "backend": "pytorch",
+    }
 
 
 def in_process_one(engine, text: str, max_tokens: int) -> tuple[float, int]:
@@ -70,7 +77,11 @@ def fleet_one(client: Client, text: str, max_tokens: int) -> tuple[float, int, d
     received = time.time()
     elapsed = time.perf_counter() - t0
     t = result.timings
-    parts = {"queue_wait_s": t.started - t.submitted, "delivery_s": received - t.finished, "worker_s": t.finished - t.started}
+    parts = {
+        "queue_wait_s": t.started - t.submitted,
+        "delivery_s": received - t.finished,
+        "worker_s": t.finished - t.started,
+    }
     return elapsed, result.usage.completion_tokens, parts
 
 
@@ -131,7 +142,7 @@ def main() -> int:
     prepare(spec, "hf")
     texts = prompts(args.jobs)
     broker = None
-    url = os.environ.get("REDIS_URL") and settings.redis_url()
+    url = os.environ.get("REDIS_URL") and connection.redis_url()
     if not url:
         broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "bench-broker").start(announce=False)
         url = broker.url
@@ -139,9 +150,7 @@ def main() -> int:
     try:
         from workers.engines.pytorch import PyTorchEngine
 
-        cfg = {**BackendSpec(**settings.load_yaml("backends.yaml")["backends"]["pytorch"]).engine_config(),
-               "max_model_len": spec.context_length}  # fmt: skip
-        engine = PyTorchEngine(spec, cfg, threads=args.threads)
+        engine = PyTorchEngine(spec, load_backends()["pytorch"].for_model(spec), threads=args.threads)
         engine.load()
         worker.wait_ready(timeout=300)
         client = Client(url)
@@ -154,8 +163,10 @@ def main() -> int:
         rounds = []
         for r in range(args.rounds):
             console.print(f"[bold]saturated[/] round {r + 1}/{args.rounds}: {len(texts)} jobs at once, both ways ...")
-            pair = {"in_process": saturated_in_process(engine, texts, args.max_tokens),
-                    "fleet": saturated_fleet(client, texts, args.max_tokens)}  # fmt: skip
+            pair = {
+                "in_process": saturated_in_process(engine, texts, args.max_tokens),
+                "fleet": saturated_fleet(client, texts, args.max_tokens),
+            }
             pair["ratio"] = pair["fleet"]["tok_s"] / pair["in_process"]["tok_s"]
             rounds.append(pair)
         sat = {
@@ -182,23 +193,39 @@ def main() -> int:
         "targets": {"median_added_latency_ms": "< 5", "median_fleet_path_ms": "< 5", "throughput_ratio": ">= 0.95"},
     }
     results = {"sequential": seq, "saturated": sat}
-    table = Table(title=f"fleet overhead: {args.jobs} jobs, greedy, {args.max_tokens} new tokens, {args.threads} thread(s)")
+    table = Table(
+        title=f"fleet overhead: {args.jobs} jobs, greedy, {args.max_tokens} new tokens, {args.threads} thread(s)"
+    )
     for col in ("measure", "in-process", "fleet", "fleet vs in-process"):
         table.add_column(col, justify="right")
     ml = summary["median_latency_ms"]
     tp = summary["throughput_tok_s"]
-    table.add_row("sequential: median job latency", f"{ml['in_process']:.1f} ms", f"{ml['fleet']:.1f} ms",
-                  f"{summary['median_added_latency_ms']:+.1f} ms (median of paired differences)")
+    table.add_row(
+        "sequential: median job latency",
+        f"{ml['in_process']:.1f} ms",
+        f"{ml['fleet']:.1f} ms",
+        f"{summary['median_added_latency_ms']:+.1f} ms (median of paired differences)",
+    )
     table.add_row("  fleet path: end to end − time in the worker", "", f"{summary['median_fleet_path_ms']:.1f} ms", "")
     table.add_row("  fleet path: submit → worker start", "", f"{summary['median_queue_wait_ms']:.1f} ms", "")
     table.add_row("  fleet path: worker done → client has it", "", f"{summary['median_result_delivery_ms']:.1f} ms", "")
     per_round = ", ".join(f"{r:.3f}" for r in summary["throughput_ratio_per_round"])
-    table.add_row(f"saturated: throughput (median of {args.rounds} rounds)", f"{tp['in_process']:.1f} tok/s",
-                  f"{tp['fleet']:.1f} tok/s", f"{summary['throughput_ratio']:.3f}x (rounds: {per_round})")  # fmt: skip
+    table.add_row(
+        f"saturated: throughput (median of {args.rounds} rounds)",
+        f"{tp['in_process']:.1f} tok/s",
+        f"{tp['fleet']:.1f} tok/s",
+        f"{summary['throughput_ratio']:.3f}x (rounds: {per_round})",
+    )
     console.print(table)
     hw = hardware.detect(False)
-    record = {"bench": "fleet_overhead", "time": time.time(), "args": vars(args),
-              "hardware": hw.model_dump(), "summary": summary, "results": results}  # fmt: skip
+    record = {
+        "bench": "fleet_overhead",
+        "time": time.time(),
+        "args": vars(args),
+        "hardware": hw.model_dump(),
+        "summary": summary,
+        "results": results,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fleet_overhead-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -1,7 +1,7 @@
 """The foundation on a real GPU: hardware facts, the tree's GPU branch, the PyTorch
 worker on CUDA, greedy parity with transformers on the same device, and batched speed.
 
-    python bench/gpu_check.py [--out DIR] [--jobs 64] [--max-tokens 32]
+    python -m bench.gpu_check [--out DIR] [--jobs 64] [--max-tokens 32]
 
 Run on a lent GPU machine (never in CI). It starts its own embedded Valkey and one
 `ib worker --backend pytorch` process, and exits non-zero if a check fails. Prints a
@@ -18,20 +18,24 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from dispatcher import settings
+from dispatcher.client import Client
+from dispatcher.registry import ModelRegistry
+from ops.broker import EmbeddedBroker
+from ops.localfleet import WorkerProcess
+from workers import hardware
+from workers.model_prep import prepare
 
-from dispatcher import settings  # noqa: E402
-from dispatcher.broker import EmbeddedBroker  # noqa: E402
-from dispatcher.client import Client  # noqa: E402
-from dispatcher.localfleet import WorkerProcess  # noqa: E402
-from dispatcher.registry import ModelRegistry  # noqa: E402
-from workers import hardware  # noqa: E402
-from workers.model_prep import prepare  # noqa: E402
-
-PROMPTS = ["What is the capital of France?", "Name three primary colors.", "Write one sentence about cats.",
-           "What is 7 plus 5?", "Give me a word that rhymes with star.", "What does a GPU do?",
-           "Translate 'good morning' into Spanish.", "Write a haiku about the sea."]  # fmt: skip
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write one sentence about cats.",
+    "What is 7 plus 5?",
+    "Give me a word that rhymes with star.",
+    "What does a GPU do?",
+    "Translate 'good morning' into Spanish.",
+    "Write a haiku about the sea.",
+]
 
 
 def chat(text: str) -> list[dict]:
@@ -60,8 +64,11 @@ def main() -> int:
     ref_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).to(device).eval()
 
     def reference(text: str, n: int) -> list[int]:
-        ids = tok(tok.apply_chat_template(chat(text), tokenize=False, add_generation_prompt=True),
-                  add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)  # fmt: skip
+        ids = tok(
+            tok.apply_chat_template(chat(text), tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+            return_tensors="pt",
+        )["input_ids"].to(device)
         with torch.inference_mode():
             out = ref_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
         return out[0, ids.shape[1] :].tolist()
@@ -83,8 +90,12 @@ def main() -> int:
             sel.path[1].answer == "yes" and sel.tree_choice == "tgi" and sel.backend == "pytorch"
         )
 
-        seq = [client.submit(model="smollm2-135m", messages=chat(p), sampling={"max_tokens": args.max_tokens}).result(timeout=300)
-               for p in PROMPTS]  # fmt: skip
+        seq = [
+            client.submit(model="smollm2-135m", messages=chat(p), sampling={"max_tokens": args.max_tokens}).result(
+                timeout=300
+            )
+            for p in PROMPTS
+        ]
         refs = [reference(p, args.max_tokens) for p in PROMPTS]
         report["sequential_matches"] = sum(r.token_ids == e for r, e in zip(seq, refs))
         checks["greedy one at a time == transformers on the same device"] = report["sequential_matches"] == len(PROMPTS)
@@ -104,10 +115,13 @@ def main() -> int:
         wall = time.perf_counter() - t0
         tokens = sum(r.usage.completion_tokens for r in results)
         report["saturated"] = {
-            "jobs": args.jobs, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+            "jobs": args.jobs,
+            "tokens": tokens,
+            "wall_s": wall,
+            "tok_s": tokens / wall,
             "median_ttft_ms": statistics.median(r.timings.ttft_s * 1000 for r in results),
             "median_queue_wait_ms": statistics.median(r.timings.queue_wait_s * 1000 for r in results),
-        }  # fmt: skip
+        }
         checks[f"{args.jobs} concurrent jobs complete"] = all(r.status == "completed" for r in results)
     finally:
         worker.stop()

@@ -31,9 +31,9 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.csv"
 
-python3 bench/gpu_check.py --out "$OUT" --jobs 64 --max-tokens 32 2>&1 | tee "$OUT/gpu_check.log"
+python3 -m bench.gpu_check --out "$OUT" --jobs 64 --max-tokens 32 2>&1 | tee "$OUT/gpu_check.log"
 if python3 -c "import vllm" 2>/dev/null; then
-    python3 bench/continuous_batching.py --backends vllm --jobs 64 --sequential-jobs 8 \
+    python3 -m bench.continuous_batching --backends vllm --jobs 64 --sequential-jobs 8 \
         --out "$OUT" 2>&1 | tee "$OUT/vllm.log"
 else
     echo "vllm is not installed on this machine: the vLLM GPU run is skipped" | tee "$OUT/vllm.log"

@@ -1,6 +1,6 @@
 """Prefix-affinity routing vs the shared queue (round-robin), in one run.
 
-    python bench/prefix_routing.py [--prompts 8] [--questions 16] [--max-tokens 16]
+    python -m bench.prefix_routing [--prompts 8] [--questions 16] [--max-tokens 16]
                                    [--threads 1] [--prefix-cache-mb 70]
 
 Two llama.cpp workers. ``--prompts`` distinct ~500-token system prompts, ``--questions``
@@ -23,7 +23,6 @@ the lookup (tokenize + hash + one Redis round trip) p50. Table + JSON (bench/res
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -31,40 +30,69 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import yaml
+from rich.console import Console
+from rich.table import Table
 
-import yaml  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench import report  # noqa: E402
-from dispatcher import settings  # noqa: E402
-from dispatcher.broker import EmbeddedBroker  # noqa: E402
-from dispatcher.client import Client  # noqa: E402
-from dispatcher.localfleet import WorkerProcess  # noqa: E402
+from bench import report
+from dispatcher import settings
+from dispatcher.client import Client
+from ops.broker import EmbeddedBroker
+from ops.localfleet import WorkerProcess
 
 console = Console()
 MODEL = "smollm2-135m"
-DOMAINS = ["a bicycle shop", "a public library", "a train operator", "a dental clinic", "a bakery", "a city museum",
-           "a software help desk", "a garden centre", "a hotel", "a pharmacy", "a ski school", "a car rental desk"]  # fmt: skip
-QUESTIONS = ["When do you open?", "How much does it cost?", "Can I book ahead?", "Where are you?", "Do you take cards?",
-             "Is there parking?", "Can I bring a dog?", "Who do I call?", "Are you open on Sunday?", "Is it busy now?",
-             "Do you have gift cards?", "Can I cancel?", "Is there a discount?", "Do you speak French?",
-             "How long does it take?", "What do I need to bring?"]  # fmt: skip
+DOMAINS = [
+    "a bicycle shop",
+    "a public library",
+    "a train operator",
+    "a dental clinic",
+    "a bakery",
+    "a city museum",
+    "a software help desk",
+    "a garden centre",
+    "a hotel",
+    "a pharmacy",
+    "a ski school",
+    "a car rental desk",
+]
+QUESTIONS = [
+    "When do you open?",
+    "How much does it cost?",
+    "Can I book ahead?",
+    "Where are you?",
+    "Do you take cards?",
+    "Is there parking?",
+    "Can I bring a dog?",
+    "Who do I call?",
+    "Are you open on Sunday?",
+    "Is it busy now?",
+    "Do you have gift cards?",
+    "Can I cancel?",
+    "Is there a discount?",
+    "Do you speak French?",
+    "How long does it take?",
+    "What do I need to bring?",
+]
 
 
 def system_prompt(i: int) -> str:
     d = DOMAINS[i % len(DOMAINS)]
-    rules = (f"You are the assistant of {d}. Answer questions about {d}: opening hours, prices, bookings, location, "
-             f"payment, accessibility, policies and contacts. Be brief, friendly and exact; never invent facts about {d}; "
-             "when unsure, say so and give the phone number on the website. ")  # fmt: skip
+    rules = (
+        f"You are the assistant of {d}. Answer questions about {d}: opening hours, prices, bookings, location, "
+        f"payment, accessibility, policies and contacts. Be brief, friendly and exact; never invent facts about {d}; "
+        "when unsure, say so and give the phone number on the website. "
+    )
     return f"[{i}] " + rules * 6  # ~500 tokens
 
 
 def chat(i: int, q: str, max_tokens: int) -> dict:
-    return {"model": MODEL, "backend": "llamacpp", "sampling": {"max_tokens": max_tokens},
-            "messages": [{"role": "system", "content": system_prompt(i)}, {"role": "user", "content": q}]}  # fmt: skip
+    return {
+        "model": MODEL,
+        "backend": "llamacpp",
+        "sampling": {"max_tokens": max_tokens},
+        "messages": [{"role": "system", "content": system_prompt(i)}, {"role": "user", "content": q}],
+    }
 
 
 def pct(values: list[float], q: float) -> float:
@@ -73,7 +101,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run_arm(url: str, env: dict[str, str], affinity: bool, args: argparse.Namespace) -> dict:
-    workers = [WorkerProcess("llamacpp", url, extra_args=[f"--threads={args.threads}"], env=env).start() for _ in range(2)]
+    workers = [
+        WorkerProcess("llamacpp", url, extra_args=[f"--threads={args.threads}"], env=env).start() for _ in range(2)
+    ]
     try:
         for w in workers:
             w.wait_ready(timeout=300)
@@ -105,9 +135,11 @@ def run_arm(url: str, env: dict[str, str], affinity: bool, args: argparse.Namesp
     later = [r for k, r in results if k > 0]
     ttfts = [r.timings.ttft_s * 1000 for _, r in results]
     return {
-        "jobs": len(results), "wall_s": wall,
+        "jobs": len(results),
+        "wall_s": wall,
         "tok_s": sum(r.usage.completion_tokens for _, r in results) / wall,
-        "ttft_p50_ms": pct(ttfts, 0.5), "ttft_p95_ms": pct(ttfts, 0.95),
+        "ttft_p50_ms": pct(ttfts, 0.5),
+        "ttft_p95_ms": pct(ttfts, 0.95),
         "ttft_p50_after_round0_ms": pct([r.timings.ttft_s * 1000 for r in later], 0.5),
         "hit_rate_after_round0": sum(r.usage.cached_tokens > 0 for r in later) / max(1, len(later)),
         "prompt_tokens_p50": statistics.median(r.usage.prompt_tokens for _, r in results),
@@ -116,7 +148,7 @@ def run_arm(url: str, env: dict[str, str], affinity: bool, args: argparse.Namesp
         "engine_prefix_misses": sum(s.get("prefix_misses", 0) for s in stats.values()),
         "lookup_ms_p50": statistics.median(lookup_ms) if lookup_ms else None,
         "lookup_ms_p95": pct(lookup_ms, 0.95) if lookup_ms else None,
-    }  # fmt: skip
+    }
 
 
 def main() -> int:
@@ -150,18 +182,39 @@ def main() -> int:
         shutil.rmtree(cfg_dir, ignore_errors=True)
 
     aff, rr = rows["prefix affinity"], rows["shared queue (round-robin)"]
-    table = Table(title=f"Prefix routing: 2 llama.cpp workers, {args.prompts} system prompts x {args.questions} questions, "
-                        f"{args.max_tokens} new tokens, prefix cache {args.prefix_cache_mb} MB per worker")  # fmt: skip
-    for col in ("routing", "jobs", "TTFT p50", "TTFT p95", "TTFT p50 after round 0", "tok/s", "hit rate after round 0", "jobs per worker"):
+    table = Table(
+        title=f"Prefix routing: 2 llama.cpp workers, {args.prompts} system prompts x {args.questions} questions, "
+        f"{args.max_tokens} new tokens, prefix cache {args.prefix_cache_mb} MB per worker"
+    )
+    for col in (
+        "routing",
+        "jobs",
+        "TTFT p50",
+        "TTFT p95",
+        "TTFT p50 after round 0",
+        "tok/s",
+        "hit rate after round 0",
+        "jobs per worker",
+    ):
         table.add_column(col, justify="right")
     for label, r in rows.items():
-        table.add_row(label, str(r["jobs"]), f"{r['ttft_p50_ms']:.0f} ms", f"{r['ttft_p95_ms']:.0f} ms",
-                      f"{r['ttft_p50_after_round0_ms']:.0f} ms", f"{r['tok_s']:.1f}", f"{r['hit_rate_after_round0'] * 100:.0f}%",
-                      " / ".join(str(v) for v in r["jobs_per_worker"].values()))  # fmt: skip
+        table.add_row(
+            label,
+            str(r["jobs"]),
+            f"{r['ttft_p50_ms']:.0f} ms",
+            f"{r['ttft_p95_ms']:.0f} ms",
+            f"{r['ttft_p50_after_round0_ms']:.0f} ms",
+            f"{r['tok_s']:.1f}",
+            f"{r['hit_rate_after_round0'] * 100:.0f}%",
+            " / ".join(str(v) for v in r["jobs_per_worker"].values()),
+        )
     console.print(table)
     ratio = rr["ttft_p50_ms"] / aff["ttft_p50_ms"]
-    console.print(f"TTFT p50: affinity {ratio:.2f}x better; tok/s {aff['tok_s'] / rr['tok_s']:.2f}x; "
-                  f"lookup (tokenize + hash + one round trip) p50 {aff['lookup_ms_p50']:.2f} ms, p95 {aff['lookup_ms_p95']:.2f} ms")  # fmt: skip
+    console.print(
+        f"TTFT p50: affinity {ratio:.2f}x better; tok/s {aff['tok_s'] / rr['tok_s']:.2f}x; "
+        "lookup (tokenize + hash + one round trip) "
+        f"p50 {aff['lookup_ms_p50']:.2f} ms, p95 {aff['lookup_ms_p95']:.2f} ms"
+    )
     path = report.save("prefix_routing", args, rows=rows, ttft_p50_ratio=ratio)
     console.print(f"JSON: {path}")
     return 0

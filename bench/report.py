@@ -16,6 +16,12 @@ def save(name: str, args: argparse.Namespace, **payload: Any) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    record = {"bench": name, "time": time.time(), "args": vars(args), "hardware": hardware.detect(False).model_dump(), **payload}
+    record = {
+        "bench": name,
+        "time": time.time(),
+        "args": vars(args),
+        "hardware": hardware.detect(False).model_dump(),
+        **payload,
+    }
     path.write_text(json.dumps(record, indent=2))
     return path

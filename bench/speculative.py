@@ -1,6 +1,6 @@
 """Speculative decoding, with and without, per backend, in one run.
 
-    python bench/speculative.py [--prompts 8] [--max-tokens 64] [--threads 2] [--backends pytorch,vllm,llamacpp]
+    python -m bench.speculative [--prompts 8] [--max-tokens 64] [--threads 2] [--backends pytorch,vllm,llamacpp]
 
 Two workloads, greedy, ``--max-tokens`` new tokens, one request at a time (single
 stream, where speculation pays): input-grounded (repeat / extract / continue a given
@@ -23,25 +23,19 @@ acceptance rate (accepted ÷ drafted). Table + JSON (bench/results/).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from rich.console import Console
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench import report  # noqa: E402
-from dispatcher import settings  # noqa: E402
-from dispatcher.decision import BackendSpec  # noqa: E402
-from dispatcher.jobs import GenerationJob  # noqa: E402
-from dispatcher.registry import ModelRegistry  # noqa: E402
-from workers.engines import create_engine  # noqa: E402
-from workers.model_prep import prepare  # noqa: E402
+from bench import report
+from dispatcher.jobs import GenerationJob
+from dispatcher.registry import ModelRegistry, load_backends
+from workers.engines import create_engine
+from workers.model_prep import prepare
 
 console = Console()
 MODEL = "smollm2-135m"
@@ -55,45 +49,69 @@ PASSAGES = [
     "To reset the router, unplug it for ten seconds, plug it back in, and wait until the green light stops "
     "blinking. If the light stays red, hold the reset button for five seconds.",
 ]
-GROUNDED = ["Repeat this text exactly:\n{p}", "Copy the first sentence of this text, then the rest:\n{p}",
-            "Rewrite this text word for word, as a quote:\n{p}", "Continue by restating this text:\n{p}"]  # fmt: skip
-FREE = ["Write a short story about a lighthouse keeper.", "Explain how a rainbow forms.", "Describe a busy market.",
-        "Write a poem about autumn.", "Give advice to a new gardener.", "Explain why the sky is blue.",
-        "Describe a journey by train.", "Tell a fable about a fox and a crow."]  # fmt: skip
+GROUNDED = [
+    "Repeat this text exactly:\n{p}",
+    "Copy the first sentence of this text, then the rest:\n{p}",
+    "Rewrite this text word for word, as a quote:\n{p}",
+    "Continue by restating this text:\n{p}",
+]
+FREE = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a rainbow forms.",
+    "Describe a busy market.",
+    "Write a poem about autumn.",
+    "Give advice to a new gardener.",
+    "Explain why the sky is blue.",
+    "Describe a journey by train.",
+    "Tell a fable about a fox and a crow.",
+]
 
 
 def workloads(n: int) -> dict[str, list[str]]:
-    grounded = [GROUNDED[i % len(GROUNDED)].format(p=PASSAGES[(i // len(GROUNDED) + i) % len(PASSAGES)]) for i in range(n)]
+    grounded = [
+        GROUNDED[i % len(GROUNDED)].format(p=PASSAGES[(i // len(GROUNDED) + i) % len(PASSAGES)]) for i in range(n)
+    ]
     return {"input-grounded": grounded, "free-form": FREE[:n]}
 
 
 def job(text: str, max_tokens: int, speculative: bool) -> GenerationJob:
-    return GenerationJob(model=MODEL, messages=[{"role": "user", "content": text}], sampling={"max_tokens": max_tokens},
-                         speculative=speculative)  # fmt: skip
+    return GenerationJob(
+        model=MODEL,
+        messages=[{"role": "user", "content": text}],
+        sampling={"max_tokens": max_tokens},
+        speculative=speculative,
+    )
 
 
-def our_engine(backend: str, threads: int, speculative: dict | None):  # noqa: ANN201
+def our_engine(backend: str, threads: int, speculative: dict | None):
     spec = ModelRegistry.from_config().get(MODEL)
-    bspec = BackendSpec(**settings.load_yaml("backends.yaml")["backends"][backend])
-    config = {**bspec.engine_config(), "max_model_len": spec.context_length, "device": "cpu", "format": "hf", "speculative": speculative}
+    config = load_backends()[backend].for_model(spec, device="cpu", format="hf", speculative=speculative)
     engine = create_engine(backend, spec, config, threads)
     engine.load()
     return engine
 
 
-def single_stream(engine, texts: list[str], max_tokens: int, speculative: bool) -> dict:  # noqa: ANN001
+def single_stream(engine, texts: list[str], max_tokens: int, speculative: bool) -> dict:
     engine.generate(job("Hi", 4, speculative))  # warm-up
     t0 = time.perf_counter()
     outs = [engine.generate(job(t, max_tokens, speculative)) for t in texts]
     wall = time.perf_counter() - t0
     tokens = sum(len(o.token_ids) for o in outs)
     passes = sum(o.speculative["target_passes"] for o in outs if o.speculative) or None
-    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "tokens_per_pass": tokens / passes if passes else 1.0,
-            "accepted": sum(o.speculative["accepted_tokens"] for o in outs if o.speculative), "passes": passes,
-            "token_ids": [o.token_ids for o in outs]}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tok_s": tokens / wall,
+        "tokens_per_pass": tokens / passes if passes else 1.0,
+        "accepted": sum(o.speculative["accepted_tokens"] for o in outs if o.speculative),
+        "passes": passes,
+        "token_ids": [o.token_ids for o in outs],
+    }
 
 
-def bench_ours(backend: str, methods: dict[str, dict | None], loads: dict[str, list[str]], args: argparse.Namespace) -> dict:
+def bench_ours(
+    backend: str, methods: dict[str, dict | None], loads: dict[str, list[str]], args: argparse.Namespace
+) -> dict:
     rows: dict = {}
     for name, spec in methods.items():
         console.print(f"{backend}: {name} ...")
@@ -104,11 +122,15 @@ def bench_ours(backend: str, methods: dict[str, dict | None], loads: dict[str, l
             if backend == "pytorch" and name in ("plain", "ngram"):
                 texts = loads["input-grounded"] * 2
                 t0 = time.perf_counter()
+                jobs = [job(t, args.max_tokens, spec is not None) for t in texts]
                 with ThreadPoolExecutor(16) as pool:
-                    outs = list(pool.map(lambda t: engine.generate(job(t, args.max_tokens, spec is not None)), texts))
+                    outs = list(pool.map(engine.generate, jobs))
                 wall = time.perf_counter() - t0
-                rows[(name, "16 in flight")] = {"tokens": sum(len(o.token_ids) for o in outs), "wall_s": wall,
-                                                "tok_s": sum(len(o.token_ids) for o in outs) / wall}  # fmt: skip
+                rows[(name, "16 in flight")] = {
+                    "tokens": sum(len(o.token_ids) for o in outs),
+                    "wall_s": wall,
+                    "tok_s": sum(len(o.token_ids) for o in outs) / wall,
+                }
         finally:
             engine.close()
     return rows
@@ -122,12 +144,19 @@ def bench_llamacpp(loads: dict[str, list[str]], args: argparse.Namespace) -> dic
     kw = dict(model_path=gguf, n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads, verbose=False, seed=0)
     rows: dict = {}
     outputs: dict = {}
-    for name, llm in (("plain", Llama(**kw)), ("ngram", Llama(**kw, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)))):
+    for name, llm in (
+        ("plain", Llama(**kw)),
+        ("ngram", Llama(**kw, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))),
+    ):
         console.print(f"llamacpp: {name} ...")
         for load, texts in loads.items():
             t0 = time.perf_counter()
-            outs = [llm.create_chat_completion([{"role": "user", "content": t}], max_tokens=args.max_tokens, temperature=0.0, top_k=1)
-                    for t in texts]  # fmt: skip
+            outs = [
+                llm.create_chat_completion(
+                    [{"role": "user", "content": t}], max_tokens=args.max_tokens, temperature=0.0, top_k=1
+                )
+                for t in texts
+            ]
             wall = time.perf_counter() - t0
             tokens = sum(o["usage"]["completion_tokens"] for o in outs)
             outputs[(name, load)] = [o["choices"][0]["message"]["content"] for o in outs]
@@ -154,18 +183,56 @@ def main() -> int:
     results: dict[str, dict] = {}
     for backend in args.backends.split(","):
         if backend == "pytorch":
-            results[backend] = bench_ours("pytorch", {"plain": None, "ngram": {"method": "ngram", "num_tokens": 10},
-                                                      "draft": {"method": "draft", "num_tokens": 4}}, loads, args)  # fmt: skip
+            results[backend] = bench_ours(
+                "pytorch",
+                {
+                    "plain": None,
+                    "ngram": {"method": "ngram", "num_tokens": 10},
+                    "draft": {"method": "draft", "num_tokens": 4},
+                },
+                loads,
+                args,
+            )
         elif backend == "vllm":
-            results[backend] = bench_ours("vllm", {"plain": None, "ngram": {"method": "ngram", "num_tokens": 5, "prompt_lookup_max": 4,
-                                                                           "prompt_lookup_min": 2, "engine_wide": True}}, loads, args)  # fmt: skip
+            results[backend] = bench_ours(
+                "vllm",
+                {
+                    "plain": None,
+                    "ngram": {
+                        "method": "ngram",
+                        "num_tokens": 5,
+                        "prompt_lookup_max": 4,
+                        "prompt_lookup_min": 2,
+                        "engine_wide": True,
+                    },
+                },
+                loads,
+                args,
+            )
         elif backend == "llamacpp":
-            ours = bench_ours("llamacpp", {"plain": None, "ngram": {"method": "ngram", "num_tokens": 10, "max_ngram": 3, "min_ngram": 1}}, loads, args)
+            ours = bench_ours(
+                "llamacpp",
+                {"plain": None, "ngram": {"method": "ngram", "num_tokens": 10, "max_ngram": 3, "min_ngram": 1}},
+                loads,
+                args,
+            )
             results[backend] = ours
             results["llamacpp (llama-cpp-python)"] = bench_llamacpp(loads, args)
 
-    table = Table(title=f"Speculative decoding, single stream: greedy, {args.max_tokens} new tokens, {args.prompts} prompts per workload, {args.threads} threads")
-    for col in ("backend", "method", "workload", "tok/s", "speed-up", "tokens / pass", "acceptance", "same output as plain"):
+    table = Table(
+        title=f"Speculative decoding, single stream: greedy, {args.max_tokens} new tokens, "
+        f"{args.prompts} prompts per workload, {args.threads} threads"
+    )
+    for col in (
+        "backend",
+        "method",
+        "workload",
+        "tok/s",
+        "speed-up",
+        "tokens / pass",
+        "acceptance",
+        "same output as plain",
+    ):
         table.add_column(col, justify="right")
     doc: dict = {}
     for backend, rows in results.items():
@@ -178,10 +245,21 @@ def main() -> int:
                 same = f"{sum(a == b for a, b in zip(r['token_ids'], base['token_ids']))}/{len(r['token_ids'])}"
             elif "differs_from_plain" in r:
                 same = f"{args.prompts - r['differs_from_plain']}/{args.prompts}"
-            table.add_row(backend, method, load, f"{r['tok_s']:.1f}", f"{speedup:.2f}x" if speedup else "-",
-                          f"{r['tokens_per_pass']:.2f}" if "tokens_per_pass" in r else "-",
-                          f"{acceptance * 100:.1f}%" if acceptance is not None else "-", same)  # fmt: skip
-            doc[f"{backend} | {method} | {load}"] = {k: v for k, v in r.items() if k != "token_ids"} | {"speedup": speedup, "acceptance": acceptance, "same_as_plain": same}
+            table.add_row(
+                backend,
+                method,
+                load,
+                f"{r['tok_s']:.1f}",
+                f"{speedup:.2f}x" if speedup else "-",
+                f"{r['tokens_per_pass']:.2f}" if "tokens_per_pass" in r else "-",
+                f"{acceptance * 100:.1f}%" if acceptance is not None else "-",
+                same,
+            )
+            doc[f"{backend} | {method} | {load}"] = {k: v for k, v in r.items() if k != "token_ids"} | {
+                "speedup": speedup,
+                "acceptance": acceptance,
+                "same_as_plain": same,
+            }
     console.print(table)
     path = report.save("speculative", args, rows=doc)
     console.print(f"JSON: {path}")

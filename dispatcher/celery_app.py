@@ -1,33 +1,44 @@
 """The one Celery app and its queue topology.
 
 JSON only (never pickle); acks late and rejected-on-worker-lost, so a job whose worker
-dies goes back to the queue; one queue per backend (``ib.<backend>``) from the start.
+dies goes back to the queue. One queue per backend (``ib.<backend>``), and one per worker
+(``ib.<backend>.<worker>``) for jobs sent to it for the prompt prefix it holds.
 """
 
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 
 from celery import Celery
 from kombu import Queue
 
-from dispatcher import settings
-from dispatcher.decision import queue_for
+from dispatcher import connection, settings
 from dispatcher.jobs import BACKENDS
 
 GENERATE_TASK = "ib.generate"
+QUEUE_PREFIX = "ib."
+AMQP_MAX_PRIORITY = 9
 
 
 class BrokerNotConfigured(RuntimeError):
     pass
 
 
+def queue_for(backend: str) -> str:
+    """A backend's shared queue."""
+    return f"{QUEUE_PREFIX}{backend}"
+
+
+def own_queue_for(backend: str, worker_id: str) -> str:
+    """A worker's own queue (prefix-affinity sends; swept to the shared one if it dies)."""
+    return f"{queue_for(backend)}.{worker_id}"
+
+
 def create_app(broker_url: str) -> Celery:
     cfg = settings.fleet_config()
-    cel = cfg["celery"]
-    steps = sorted(set(cfg["priorities"].values()))
-    broker = settings.broker_url(broker_url)
+    steps = cfg.priorities.steps()
+    broker = connection.broker_url(broker_url)
     app = Celery("inference_backend", broker=broker, backend=broker_url)
     app.conf.update(
         task_serializer="json",
@@ -39,10 +50,10 @@ def create_app(broker_url: str) -> Celery:
         task_acks_on_failure_or_timeout=True,
         # The thread pool cannot enforce Celery's time limits: the engine enforces
         # job_time_limit_s itself (workers.engines.base.Engine.generate).
-        result_expires=int(cel["result_expires_s"]),
-        worker_prefetch_multiplier=int(cel["prefetch_multiplier"]),
+        result_expires=cfg.celery.result_expires_s,
+        worker_prefetch_multiplier=cfg.celery.prefetch_multiplier,
         worker_hijack_root_logger=False,
-        # Job status lives in our own record (dispatcher.jobstore), so Celery's STARTED
+        # Job status lives in our own record (dispatcher.store.jobstore), so Celery's STARTED
         # state and task events stay off the hot path; Flower switches events on for as
         # long as it watches (its enable_events control command).
         task_track_started=False,
@@ -56,12 +67,12 @@ def create_app(broker_url: str) -> Celery:
         # job record (which rides out the restart) and a second delivery would find it.
         worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_transport_options={
-            "visibility_timeout": int(cel["visibility_timeout_s"]),
+            "visibility_timeout": cfg.celery.visibility_timeout_s,
             "queue_order_strategy": "priority",
             "priority_steps": steps,
             "sep": ":",
         },
-        result_backend_transport_options={"visibility_timeout": int(cel["visibility_timeout_s"])},
+        result_backend_transport_options={"visibility_timeout": cfg.celery.visibility_timeout_s},
         task_queues=[Queue(queue_for(b), routing_key=queue_for(b)) for b in BACKENDS],
         task_default_queue=queue_for("pytorch"),
         task_create_missing_queues=True,
@@ -71,33 +82,33 @@ def create_app(broker_url: str) -> Celery:
         # Redis Sentinel: BROKER_URL=sentinel://host:26379;sentinel://host2:26379, the
         # monitored master's name from IB_SENTINEL_MASTER
         app.conf.broker_transport_options["master_name"] = os.environ.get("IB_SENTINEL_MASTER", "mymaster")
-    if not settings.is_redis_broker(broker):
+    if not connection.is_redis_broker(broker):
         # RabbitMQ: priorities are per-queue (x-max-priority), higher first; unacked
         # messages go back to the queue when a consumer's connection closes, so the
         # Redis transport's visibility timeout and priority steps do not apply.
-        app.conf.update(task_queue_max_priority=AMQP_MAX_PRIORITY, task_default_priority=AMQP_MAX_PRIORITY - steps[-1],
-                        broker_transport_options={})  # fmt: skip
+        app.conf.update(
+            task_queue_max_priority=AMQP_MAX_PRIORITY,
+            task_default_priority=AMQP_MAX_PRIORITY - steps[-1],
+            broker_transport_options={},
+        )
     return app
-
-
-AMQP_MAX_PRIORITY = 9
 
 
 def message_priority(app: Celery, level: int) -> int:
     """Our levels (config ``priorities``: lower is served first, the Redis transport's
     order) as the broker wants them: RabbitMQ serves higher numbers first."""
-    if settings.is_redis_broker(app.conf.broker_url):
+    if connection.is_redis_broker(app.conf.broker_url):
         return level
     return AMQP_MAX_PRIORITY - level
 
 
-@lru_cache(maxsize=None)
+@cache
 def app_for(broker_url: str) -> Celery:
     return create_app(broker_url)
 
 
 def get_app(broker_url: str | None = None) -> Celery:
-    url = broker_url or settings.redis_url()
+    url = broker_url or connection.redis_url()
     if not url:
         raise BrokerNotConfigured("no broker configured: set REDIS_URL (e.g. redis://127.0.0.1:6379/0) or use `ib up`")
     return app_for(url)

@@ -12,12 +12,13 @@ enqueued: a bad job raises a typed JobError and nothing reaches the queue.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any
 
-from dispatcher import profiles, settings
+from dispatcher import connection, settings
+from dispatcher.batch.api import Batches
 from dispatcher.celery_app import GENERATE_TASK, BrokerNotConfigured, get_app, message_priority
-from dispatcher.decision import BackendSpec, DecisionPolicy, Selection, apply_affinity, decide
 from dispatcher.fleet import FleetView, read_fleet
 from dispatcher.jobs import (
     BACKENDS,
@@ -27,22 +28,23 @@ from dispatcher.jobs import (
     JobResult,
     JobTimeoutError,
     PathStep,
+    Selection,
     UnknownBackendError,
     parse_job,
 )
-from dispatcher.jobstore import JobStore
-from dispatcher.prefix import PrefixHasher, PrefixHints
-from dispatcher.streams import read_stream
-from dispatcher.registry import ModelRegistry
-
-if TYPE_CHECKING:
-    from dispatcher.batches import Batches
+from dispatcher.registry import ModelRegistry, load_backends
+from dispatcher.routing import profiles
+from dispatcher.routing.decision import apply_affinity, decide
+from dispatcher.routing.prefix import PrefixHasher
+from dispatcher.store.hints import PrefixHints
+from dispatcher.store.jobstore import JobStore
+from dispatcher.store.streams import read_stream
 
 
 class JobHandle:
     """What submit returns: where the job went and why, and how to get its result."""
 
-    def __init__(self, client: "Client", job_id: str, selection: Selection | None, streaming: bool | None = None) -> None:
+    def __init__(self, client: Client, job_id: str, selection: Selection | None, streaming: bool | None = None) -> None:
         self.client = client
         self.id = job_id
         self.selection = selection
@@ -77,38 +79,38 @@ class JobHandle:
 
 
 class Client:
-    def __init__(self, redis_url: str | None = None, registry: ModelRegistry | None = None, resilient: bool = False) -> None:
+    def __init__(
+        self, redis_url: str | None = None, registry: ModelRegistry | None = None, resilient: bool = False
+    ) -> None:
         """``resilient``: ride out a broker restart (retry with backoff) instead of failing."""
-        url = settings.with_password(redis_url) if redis_url else settings.redis_url()  # REDIS_PASSWORD applies to both
+        # REDIS_PASSWORD applies to a given URL too
+        url = connection.with_password(redis_url) if redis_url else connection.redis_url()
         if not url:
             raise BrokerNotConfigured("no broker configured: pass redis_url or set REDIS_URL")
-        self.redis = settings.redis_client(url, resilient=resilient)
+        self.redis = connection.redis_client(url, resilient=resilient)
         self.app = get_app(url)
         self.registry = registry or ModelRegistry.from_config()
         cfg = settings.fleet_config()
-        self.policy = DecisionPolicy(**cfg["decision"])
-        self.backends = {n: BackendSpec(**s) for n, s in settings.load_yaml("backends.yaml")["backends"].items()}
-        self.priorities: dict[str, int] = cfg["priorities"]
-        self.show_text = bool(cfg["flower"]["show_text"])
+        self.policy = cfg.decision
+        self.backends = load_backends()
+        self.priorities = cfg.priorities
+        self.show_text = cfg.flower.show_text
         # Prefix affinity sends to workers' own queues, which the reaper sweeps to the shared
         # queue when a worker dies: Redis lists only. With RabbitMQ jobs use the shared queues.
-        self.own_queues = settings.is_redis_broker(self.app.conf.broker_url)
-        self.store = JobStore(self.redis, ttl_s=int(cfg["celery"]["result_expires_s"]))
-        self.fleet_cache_s = float(cfg["client"]["fleet_cache_s"])
-        pcfg = cfg["prefix"]
+        self.own_queues = connection.is_redis_broker(self.app.conf.broker_url)
+        self.store = JobStore(self.redis, ttl_s=cfg.celery.result_expires_s)
+        self.fleet_cache_s = cfg.client.fleet_cache_s
         self.prefix: tuple[PrefixHasher, PrefixHints] | None = None
-        if pcfg["enabled"]:
-            hasher = PrefixHasher(int(pcfg["block_tokens"]), int(pcfg["max_blocks"]))
-            self.prefix = (hasher, PrefixHints(self.redis, int(pcfg["hint_ttl_s"])))
+        if cfg.prefix.enabled:
+            hasher = PrefixHasher(cfg.prefix.block_tokens, cfg.prefix.max_blocks)
+            self.prefix = (hasher, PrefixHints(self.redis, cfg.prefix.hint_ttl_s))
         self._fleet: tuple[float, FleetView] | None = None
         self.profile = profiles.load() if self.policy.policy == "profile" else None
 
     @cached_property
-    def batches(self) -> "Batches":
+    def batches(self) -> Batches:
         """Offline batch jobs (OpenAI Batch JSONL): create, retrieve, list, cancel, results."""
-        from dispatcher.batches import Batches
-
-        return Batches(self)
+        return Batches(self.redis, self.registry, self.store)
 
     # ------------------------------------------------------------- deciding
 
@@ -142,7 +144,7 @@ class Client:
         if self.prefix is None or not self.own_queues or sel.backend not in self.policy.prefix_affinity_backends:
             return sel
         hasher, hints = self.prefix
-        hashes = hasher.hashes(job, model, self.backends[sel.backend].engine_config().get("prefix_block_tokens"))
+        hashes = hasher.hashes(job, model, self.backends[sel.backend].prefix_block_tokens)
         return apply_affinity(sel, hashes, hints.lookup(hashes), fleet, self.policy)
 
     # ------------------------------------------------------------- submitting
@@ -166,7 +168,10 @@ class Client:
         if not pairs:
             return
         fresh = self.store.claim(
-            [(j.id, {"model": j.model, "backend": s.backend, "queue": s.queue, "submitted_at": j.submitted_at}) for j, s in pairs]
+            [
+                (j.id, {"model": j.model, "backend": s.backend, "queue": s.queue, "submitted_at": j.submitted_at})
+                for j, s in pairs
+            ]
         )
         todo = [pair for pair, new in zip(pairs, fresh) if new]
         if resume and not all(fresh):
@@ -205,8 +210,8 @@ class Client:
             args=[job.model_dump(mode="json"), sel.model_dump(mode="json")],
             task_id=job.id,
             queue=sel.queue,
-            priority=message_priority(self.app, self.priorities[job.priority.value]),
-            ignore_result=True,  # the outcome lives in the job record (dispatcher.jobstore)
+            priority=message_priority(self.app, self.priorities.level(job.priority.value)),
+            ignore_result=True,  # the outcome lives in the job record (dispatcher.store.jobstore)
             argsrepr=summary,
             kwargsrepr="{}",
             producer=producer,
@@ -244,7 +249,7 @@ class Client:
     def close(self) -> None:
         self.redis.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -48,7 +48,8 @@ def check_draft(target: ModelSpec, draft: ModelSpec) -> DraftCheck:
     what = f"draft {draft.name} for {target.name}"
     if target.family != draft.family or t_cfg.get("model_type") != d_cfg.get("model_type"):
         raise IncompatibleDraftError(
-            f"{what}: architecture differs ({target.family}/{t_cfg.get('model_type')} vs {draft.family}/{d_cfg.get('model_type')})",
+            f"{what}: architecture differs "
+            f"({target.family}/{t_cfg.get('model_type')} vs {draft.family}/{d_cfg.get('model_type')})",
             {"target": target.name, "draft": draft.name, "mismatch": "architecture"},
         )
     t_vocab, d_vocab = vocabulary(t_dir), vocabulary(d_dir)
@@ -59,8 +60,14 @@ def check_draft(target: ModelSpec, draft: ModelSpec) -> DraftCheck:
             f"{t_cfg.get('vocab_size')} vs {d_cfg.get('vocab_size')}; {detail})",
             {"target": target.name, "draft": draft.name, "mismatch": "vocabulary"},
         )
-    return DraftCheck(target.name, draft.name, len(t_vocab), target.family,
-                      int(t_cfg.get("num_hidden_layers", 0)), int(d_cfg.get("num_hidden_layers", 0)))  # fmt: skip
+    return DraftCheck(
+        target.name,
+        draft.name,
+        len(t_vocab),
+        target.family,
+        int(t_cfg.get("num_hidden_layers", 0)),
+        int(d_cfg.get("num_hidden_layers", 0)),
+    )
 
 
 def check_registered(registry: ModelRegistry, target: str) -> list[DraftCheck]:

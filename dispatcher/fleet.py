@@ -13,16 +13,7 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, Field
 
-WORKERS_SET = "ib:workers"
-
-
-def worker_key(worker_id: str) -> str:
-    return f"ib:worker:{worker_id}"
-
-
-def inflight_key(worker_id: str) -> str:
-    """Hash task id → broker delivery tag of every message a worker has reserved."""
-    return f"ib:inflight:{worker_id}"
+from dispatcher.store import keys
 
 
 class GPUInfo(BaseModel):
@@ -66,17 +57,19 @@ class Health(BaseModel):
     reasons: list[str] = Field(default_factory=list)
     facts: HealthFacts | None = None
 
-
-def describe_health(h: Health) -> str:
-    """One line for `ib workers`: the verdict, its reasons, and the facts behind it."""
-    if not h.ok:
-        return "UNHEALTHY: " + "; ".join(h.reasons)
-    if h.facts is None:
-        return "ok"
-    f = h.facts
-    gpus = "".join(f", GPU{g.index} {g.memory_used_mb}/{g.memory_total_mb} MiB"
-                   + (f" {g.temperature_c} C" if g.temperature_c is not None else "") for g in f.gpus)  # fmt: skip
-    return f"ok (rss {f.rss_mb:.0f} MB, RAM {f.ram_used_frac:.0%}{gpus})"
+    def describe(self) -> str:
+        """One line for `ib workers`: the verdict, its reasons, and the facts behind it."""
+        if not self.ok:
+            return "UNHEALTHY: " + "; ".join(self.reasons)
+        if self.facts is None:
+            return "ok"
+        f = self.facts
+        gpus = "".join(
+            f", GPU{g.index} {g.memory_used_mb}/{g.memory_total_mb} MiB"
+            + (f" {g.temperature_c} C" if g.temperature_c is not None else "")
+            for g in f.gpus
+        )
+        return f"ok (rss {f.rss_mb:.0f} MB, RAM {f.ram_used_frac:.0%}{gpus})"
 
 
 class WorkerInfo(BaseModel):
@@ -119,7 +112,6 @@ class FleetView(BaseModel):
             and (gpu is None or (w.hardware.kind == "gpu") == gpu)
         ]
 
-
     def unhealthy(self, backend: str, model: str) -> list[WorkerInfo]:
         """Workers that would serve but said they are unhealthy (for the decision's path)."""
         return [w for w in self.workers if not w.health.ok and w.backend == backend and model in w.models]
@@ -127,8 +119,8 @@ class FleetView(BaseModel):
 
 def read_fleet(client: redis.Redis) -> FleetView:
     """All live workers in two round trips (member list, then one MGET)."""
-    ids = sorted(m.decode() if isinstance(m, bytes) else m for m in client.smembers(WORKERS_SET))
+    ids = sorted(m.decode() if isinstance(m, bytes) else m for m in client.smembers(keys.WORKERS))
     if not ids:
         return FleetView()
-    raw = client.mget([worker_key(i) for i in ids])
+    raw = client.mget([keys.worker(i) for i in ids])
     return FleetView(workers=[WorkerInfo.model_validate_json(r) for r in raw if r])

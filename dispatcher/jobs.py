@@ -1,7 +1,8 @@
 """The job contract shared by the dispatcher and the workers (pydantic v2, JSON only).
 
-A GenerationJob goes in, a JobResult or a typed JobError comes out. Everything here
-round-trips through JSON, because that is the only serializer the fleet accepts.
+The task message is (GenerationJob, Selection): what was asked, and where the dispatcher
+sent it and why. A JobResult or a typed JobError comes back. Everything here round-trips
+through JSON, because that is the only serializer the fleet accepts.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class GenerationJob(BaseModel):
     submitted_at: float = Field(default_factory=time.time)
 
     @model_validator(mode="after")
-    def _prompt_xor_messages(self) -> "GenerationJob":
+    def _prompt_xor_messages(self) -> GenerationJob:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
         if self.messages is not None and not self.messages:
@@ -137,6 +138,23 @@ class PathStep(BaseModel):
 
     def render(self) -> str:
         return f"{self.check}: {self.answer}" + (f" ({self.detail})" if self.detail else "")
+
+
+class Selection(BaseModel):
+    """The dispatcher's decision for one job, sent with it: backend, queue, format, the
+    engine config it expects, and the path that led there."""
+
+    backend: str
+    queue: str
+    model: str
+    format: str
+    config: dict[str, Any]
+    path: list[PathStep]
+    tree_choice: str
+    # The prompt's block-hash chain (the worker confirms it holds them once done), and
+    # the worker chosen for them, when prefix affinity won.
+    prefix_hashes: list[str] = Field(default_factory=list)
+    affinity_worker: str | None = None
 
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -193,7 +211,7 @@ class JobError(Exception):
         return json.dumps(self.to_dict())
 
     @staticmethod
-    def from_dict(data: dict[str, Any]) -> "JobError":
+    def from_dict(data: dict[str, Any]) -> JobError:
         cls = ERROR_TYPES.get(data.get("code", ""), JobError)
         return cls(data.get("message", ""), data.get("details") or {})
 
@@ -202,7 +220,7 @@ class JobValidationError(JobError, ValueError):
     code = "validation_error"
 
     @classmethod
-    def from_pydantic(cls, exc: ValidationError) -> "JobValidationError":
+    def from_pydantic(cls, exc: ValidationError) -> JobValidationError:
         problems = [
             {"field": ".".join(str(p) for p in err["loc"]) or "(job)", "message": err["msg"]} for err in exc.errors()
         ]

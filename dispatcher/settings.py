@@ -1,99 +1,220 @@
-"""Where things live and how the fleet is tuned: YAML config, data directory, Redis URL.
+"""Fleet policy, typed: config/fleet.yaml with its precedence, and where files live.
 
-Config files come from ``IB_CONFIG_DIR`` (default: the repository's ``config/``); single
-values can be overridden from the environment so that containers need no edited files.
-Secrets (Redis password) only ever come from the environment.
+    config/fleet.yaml (every key, with its comment: the one place defaults are written)
+      < the file named by IB_CONFIG_FILE (a partial fleet.yaml: only what a site changes)
+        < environment variables IB_<SECTION>_<KEY> (e.g. IB_HEARTBEAT_TTL_S=30)
+
+Each section is a pydantic class below, so call sites read ``cfg.celery.result_expires_s``
+as the type it is, an override is converted like the value it replaces ("30" becomes 30,
+"off" becomes False), a misspelt section or key in the site file is refused with its
+name, and a key missing from fleet.yaml is an error at load instead of a default written
+a second time in code. Secrets (the Redis password, Flower's credentials) never come from
+these files, only from the environment (dispatcher.connection, ops.flower).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from urllib.parse import quote
-from functools import lru_cache
+import typing
+from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_FILE_ENV = "IB_CONFIG_FILE"
 
 
 def config_dir() -> Path:
+    """models.yaml, backends.yaml, fleet.yaml, profiles.json: ``IB_CONFIG_DIR`` or the repository's."""
     return Path(os.environ.get("IB_CONFIG_DIR") or REPO_ROOT / "config")
 
 
 def data_dir() -> Path:
-    """Prepared models, the embedded broker's files: ``IB_DATA_DIR`` or ~/.local/share."""
+    """Prepared models, the embedded broker's files, logs: ``IB_DATA_DIR`` or ~/.local/share."""
     root = os.environ.get("IB_DATA_DIR") or Path.home() / ".local" / "share" / "inference-backend"
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_yaml(name: str) -> dict[str, Any]:
+    """A config file as read (models.yaml, backends.yaml); typed by its owner."""
     path = config_dir() / name
     with path.open() as fh:
         return yaml.safe_load(fh) or {}
 
 
-def fleet_config() -> dict[str, Any]:
-    """fleet.yaml, overridden by the site file ``IB_CONFIG_FILE``, overridden by
-    ``IB_<SECTION>_<KEY>`` environment variables (dispatcher.fleet_settings)."""
-    from dispatcher.fleet_settings import load
-
-    return load(config_dir() / "fleet.yaml")
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def with_password(url: str) -> str:
-    """Add ``REDIS_PASSWORD`` (secrets come from the environment) to a URL that has none."""
-    password = os.environ.get("REDIS_PASSWORD")
-    scheme, _, rest = url.partition("://")
-    if not password or "@" in rest.split("/", 1)[0]:
-        return url
-    return f"{scheme}://:{quote(password, safe='')}@{rest}"
+class DecisionPolicy(Section):
+    """The tree's thresholds and what the hard constraints do (dispatcher.routing.decision)."""
+
+    latency_threshold_ms: float
+    throughput_threshold_tok_s: float
+    default_latency_target_ms: float
+    default_throughput_target_tok_s: float
+    no_worker_policy: Literal["queue", "fallback", "reject"]
+    fallback_order: dict[str, list[str]]
+    # Prefix affinity: backends whose workers keep prompt KV state, the fewest leading
+    # blocks a worker must hold to be preferred, and how many blocks a fully loaded
+    # worker's score loses (score = blocks held - penalty x in_flight/capacity).
+    prefix_affinity_backends: list[str]
+    prefix_min_blocks: int
+    prefix_load_penalty_blocks: float
+    policy: Literal["tree", "profile"]
 
 
-def redis_url() -> str | None:
-    """The broker / result store: ``REDIS_URL``, else an embedded broker started by `ib broker`.
-
-    TLS: use a ``rediss://`` URL (certificate options as query parameters, e.g.
-    ``?ssl_cert_reqs=required``). None means nothing is configured or running.
-    """
-    url = os.environ.get("REDIS_URL")
-    if url:
-        return with_password(url)
-    from dispatcher.broker import announced_url  # late: broker imports this module
-
-    return announced_url()
+class PrefixSettings(Section):
+    enabled: bool
+    block_tokens: int
+    max_blocks: int
+    hint_ttl_s: int
 
 
-def broker_url(redis: str) -> str:
-    """Where Celery's messages go: ``BROKER_URL`` when set (``amqp://`` for RabbitMQ,
-    ``sentinel://`` for Redis Sentinel), else the Redis that holds everything else."""
-    return os.environ.get("BROKER_URL") or redis
+class ClientSettings(Section):
+    fleet_cache_s: float
 
 
-def is_redis_broker(url: str) -> bool:
-    """The Redis transport (plain, TLS, socket or Sentinel): the fleet's redelivery
-    bookkeeping (in-flight tags, own-queue sweeps) works on its lists directly."""
-    return url.split("://", 1)[0] in ("redis", "rediss", "sentinel", "redis+socket")
+class CelerySettings(Section):
+    visibility_timeout_s: int
+    job_time_limit_s: float
+    result_expires_s: int
+    prefetch_multiplier: int
 
 
-def redis_client(url: str, resilient: bool = False) -> "redis.Redis":
-    """A Redis client; ``resilient`` ones (workers, the batch feeder) retry a lost
-    connection with backoff for about ``redis.retry_s`` seconds, so a broker restart
-    (append-only persistence keeps the data) pauses them instead of failing jobs."""
-    import redis
-    from redis.backoff import ExponentialBackoff
-    from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
-    from redis.retry import Retry
+class HeartbeatSettings(Section):
+    interval_s: float
+    ttl_s: float
 
-    if not resilient:
-        return redis.Redis.from_url(url)
-    budget = float(fleet_config()["redis"]["retry_s"])
-    cap = 2.0
-    retries = max(1, int(budget / cap) + 4)  # the first few back off faster than the cap
-    retry = Retry(ExponentialBackoff(cap=cap, base=0.1), retries)
-    return redis.Redis.from_url(url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError],
-                                health_check_interval=30)  # fmt: skip
+
+class Priorities(Section):
+    """Redis transport levels: lower is served first."""
+
+    interactive: int
+    normal: int
+    batch: int
+
+    def level(self, priority: str) -> int:
+        return int(getattr(self, priority))
+
+    def steps(self) -> list[int]:
+        return sorted({self.interactive, self.normal, self.batch})
+
+
+class RedisSettings(Section):
+    retry_s: float
+
+
+class BatchSettings(Section):
+    default_completion_window: str
+    retention_s: int
+    default_latency_target_ms: float
+    default_throughput_target_tok_s: float
+    max_queued: int
+    feed_chunk: int
+    feed_interval_s: float
+    feeder_in_workers: bool
+    feeder_lease_s: float
+    validate_chunk: int
+    validation_stale_s: float
+    cancel_grace_s: float
+
+
+class FlowerSettings(Section):
+    port: int
+    show_text: bool
+
+
+class MetricsSettings(Section):
+    port: int
+    host_port: int
+
+
+class HealthSettings(Section):
+    """A worker past one of these stops taking jobs (workers.health); 0 turns a memory limit off."""
+
+    max_ram_frac: float
+    max_rss_mb: float
+    max_gpu_mem_frac: float
+    max_gpu_temp_c: float
+    max_ecc_uncorrected: int
+    xid_fatal: bool
+
+
+class FleetSettings(BaseSettings):
+    """config/fleet.yaml, section by section."""
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True)
+
+    decision: DecisionPolicy
+    prefix: PrefixSettings
+    client: ClientSettings
+    celery: CelerySettings
+    heartbeat: HeartbeatSettings
+    priorities: Priorities
+    redis: RedisSettings
+    batch: BatchSettings
+    flower: FlowerSettings
+    metrics: MetricsSettings
+    health: HealthSettings
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest first. The environment arrives as init values (environment_overrides):
+        # only the IB_<SECTION>_<KEY> names of known keys, so other IB_* variables
+        # (IB_DATA_DIR, IB_FLOWER_BASIC_AUTH, ...) are not mistaken for config.
+        sources: list[PydanticBaseSettingsSource] = [init_settings]
+        site = os.environ.get(CONFIG_FILE_ENV)
+        if site:
+            if not Path(site).is_file():
+                raise FileNotFoundError(f"{CONFIG_FILE_ENV}={site}: no such file")
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=site))
+        defaults = config_dir() / "fleet.yaml"
+        sources.append(InitSettingsSource(settings_cls, init_kwargs=_defaults(defaults, defaults.stat().st_mtime)))
+        return tuple(sources)
+
+
+@lru_cache(maxsize=8)
+def _defaults(path: Path, mtime: float) -> dict[str, Any]:
+    """fleet.yaml parsed once per version of the file."""
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def environment_overrides() -> dict[str, dict[str, Any]]:
+    """``IB_<SECTION>_<KEY>`` for every key the sections have (lists and maps as JSON)."""
+    found: dict[str, dict[str, Any]] = {}
+    for section, field in FleetSettings.model_fields.items():
+        model = typing.cast(type[BaseModel], field.annotation)
+        for key, spec in model.model_fields.items():
+            raw = os.environ.get(f"IB_{section}_{key}".upper())
+            if raw is not None:
+                container = typing.get_origin(spec.annotation) in (dict, list)
+                found.setdefault(section, {})[key] = json.loads(raw) if container else raw
+    return found
+
+
+def fleet_config() -> FleetSettings:
+    """The effective fleet policy (defaults < site file < environment), read anew each
+    call so that a changed environment (a test, a reloaded site file) is seen."""
+    return FleetSettings(**environment_overrides())

@@ -21,7 +21,8 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory):
-    from dispatcher.broker import EmbeddedBroker, pings
+    from dispatcher.connection import pings
+    from ops.broker import EmbeddedBroker
 
     url = os.environ.get("IB_TEST_REDIS_URL")
     if not url and pings("redis://127.0.0.1:6379/15"):
@@ -89,7 +90,7 @@ def client(redis_url):
         yield c
 
 
-def wait_for(predicate, timeout: float, what: str):  # noqa: ANN001
+def wait_for(predicate, timeout: float, what: str):
     """Poll ``predicate`` until it returns something truthy (returned); a broker that is
     restarting counts as not yet."""
     import time
@@ -109,7 +110,7 @@ def wait_for(predicate, timeout: float, what: str):  # noqa: ANN001
 
 
 def start_worker(redis_url: str, backend: str = "pytorch", **kw):
-    from dispatcher.localfleet import WorkerProcess
+    from ops.localfleet import WorkerProcess
 
     worker = WorkerProcess(backend, redis_url, log_dir=ARTIFACTS / "logs", **kw).start()
     try:
@@ -130,9 +131,9 @@ def pytorch_worker(redis_url, hf_dir):
 def start_worker_with_artifact(tmp_path: Path, redis_url: str, backend: str, fmt: str, source: Path):
     """Run `ib worker` with the model's ``fmt`` artifact pointed at ``source`` (a copy of
     config/ in tmp_path); returns the finished process (a bad artifact: it refuses to start)."""
+    import shutil
     import subprocess
     import sys
-    import shutil
 
     import yaml
 
@@ -144,8 +145,13 @@ def start_worker_with_artifact(tmp_path: Path, redis_url: str, backend: str, fmt
     models["models"]["smollm2-135m"]["artifacts"][fmt] = {"source": str(source)}
     (cfg / "models.yaml").write_text(yaml.safe_dump(models))
     env = {**os.environ, "IB_CONFIG_DIR": str(cfg), "REDIS_URL": redis_url, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "dispatcher.cli", "worker", "--backend", backend],
-                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", "worker", "--backend", backend],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def ib(*args: str, redis_url: str):
@@ -154,4 +160,6 @@ def ib(*args: str, redis_url: str):
     import sys
 
     env = {**os.environ, "REDIS_URL": redis_url, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "dispatcher.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class CancelWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cancel-watch", daemon=True)
 
-    def start(self) -> "CancelWatcher":
+    def start(self) -> CancelWatcher:
         self._thread.start()
         return self
 
@@ -57,7 +57,7 @@ class CancelWatcher:
                 continue
             try:
                 flagged = self._poll(jobs)
-            except Exception:  # noqa: BLE001 - a Redis blip delays cancels, nothing more
+            except Exception:  # a Redis blip delays cancels, nothing more
                 log.warning("cancel poll failed", exc_info=True)
                 continue
             with self._lock:

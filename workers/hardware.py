@@ -98,7 +98,7 @@ class NvmlHealthReader:
     from an NVML event set registered once, without blocking. NVML creates no CUDA
     context. ``open()`` returns None where there is no NVML (CPU hosts)."""
 
-    def __init__(self, pynvml, handles: list) -> None:  # noqa: ANN001 - the module itself
+    def __init__(self, pynvml, handles: list) -> None:
         self.nvml, self.handles = pynvml, handles
         self.xids: dict[int, list[int]] = {i: [] for i in range(len(handles))}
         self.events = None
@@ -110,7 +110,7 @@ class NvmlHealthReader:
             self.events = None
 
     @classmethod
-    def open(cls) -> "NvmlHealthReader | None":
+    def open(cls) -> NvmlHealthReader | None:
         try:
             import pynvml  # type: ignore[import-not-found]
 
@@ -120,7 +120,7 @@ class NvmlHealthReader:
             return None
         return cls(pynvml, handles) if handles else None
 
-    def _optional(self, fn, *args):  # noqa: ANN001, ANN202
+    def _optional(self, fn, *args):
         try:
             return fn(*args)
         except self.nvml.NVMLError:
@@ -142,7 +142,9 @@ class NvmlHealthReader:
         for i, h in enumerate(self.handles):
             mem = n.nvmlDeviceGetMemoryInfo(h)
             util = self._optional(n.nvmlDeviceGetUtilizationRates, h)
-            ecc = self._optional(n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)
+            ecc = self._optional(
+                n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC
+            )
             out.append(
                 GPUHealth(
                     index=i,

@@ -10,33 +10,17 @@ within bounds it consumes again.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable
 
 import psutil
 
 from dispatcher.fleet import GPUHealth, Health, HealthFacts
+from dispatcher.settings import HealthSettings
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """``fleet.yaml: health``; 0 turns a memory limit off."""
-
-    max_ram_frac: float = 0.97
-    max_rss_mb: float = 0
-    max_gpu_mem_frac: float = 0.995
-    max_gpu_temp_c: float = 90
-    max_ecc_uncorrected: int = 0
-    xid_fatal: bool = True
-
-    @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> "Thresholds":
-        return cls(**{k: v for k, v in cfg.items() if k in cls.__dataclass_fields__})
-
-
-def evaluate(facts: HealthFacts, limits: Thresholds) -> list[str]:
+def evaluate(facts: HealthFacts, limits: HealthSettings) -> list[str]:
     """Why the worker should not take jobs (empty: healthy). Pure, for the unit tests."""
     reasons = []
     if limits.max_ram_frac and facts.ram_used_frac > limits.max_ram_frac:
@@ -44,8 +28,14 @@ def evaluate(facts: HealthFacts, limits: Thresholds) -> list[str]:
     if limits.max_rss_mb and facts.rss_mb > limits.max_rss_mb:
         reasons.append(f"worker memory {facts.rss_mb:.0f} MB > {limits.max_rss_mb:.0f} MB")
     for g in facts.gpus:
-        if limits.max_gpu_mem_frac and g.memory_total_mb and g.memory_used_mb / g.memory_total_mb > limits.max_gpu_mem_frac:
-            reasons.append(f"GPU {g.index} memory {g.memory_used_mb}/{g.memory_total_mb} MiB > {limits.max_gpu_mem_frac:.1%}")
+        if (
+            limits.max_gpu_mem_frac
+            and g.memory_total_mb
+            and g.memory_used_mb / g.memory_total_mb > limits.max_gpu_mem_frac
+        ):
+            reasons.append(
+                f"GPU {g.index} memory {g.memory_used_mb}/{g.memory_total_mb} MiB > {limits.max_gpu_mem_frac:.1%}"
+            )
         if g.temperature_c is not None and g.temperature_c > limits.max_gpu_temp_c:
             reasons.append(f"GPU {g.index} at {g.temperature_c} C > {limits.max_gpu_temp_c:g} C")
         if g.ecc_uncorrected is not None and g.ecc_uncorrected > limits.max_ecc_uncorrected:
@@ -70,7 +60,7 @@ def process_rss_mb(proc: psutil.Process | None = None) -> float:
 class HealthMonitor:
     """Reads the facts each beat; GPU facts through a long-lived NVML session."""
 
-    def __init__(self, limits: Thresholds, gpu_reader: Callable[[], list[GPUHealth]] | None = None) -> None:
+    def __init__(self, limits: HealthSettings, gpu_reader: Callable[[], list[GPUHealth]] | None = None) -> None:
         self.limits = limits
         self.gpu_reader = gpu_reader
         self._proc = psutil.Process()

@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import redis
 
-from dispatcher.fleet import WORKERS_SET, Health, WorkerInfo, inflight_key, worker_key
+from dispatcher.fleet import Health, WorkerInfo
+from dispatcher.store import keys
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +52,15 @@ class Heartbeat:
             self.info.health = self.health()
         self.info.last_beat = time.time()
         pipe = self.r.pipeline()
-        pipe.set(worker_key(self.info.worker_id), self.info.model_dump_json(), px=int(self.ttl_s * 1000))
-        pipe.sadd(WORKERS_SET, self.info.worker_id)
+        pipe.set(keys.worker(self.info.worker_id), self.info.model_dump_json(), px=int(self.ttl_s * 1000))
+        pipe.sadd(keys.WORKERS, self.info.worker_id)
         pipe.execute()
 
     def set_status(self, status: str) -> None:
         self.info.status = status  # type: ignore[assignment]
         self.beat()
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         self.beat()
         self._thread.start()
         return self
@@ -69,7 +71,7 @@ class Heartbeat:
                 self.beat()
                 if self.on_beat:
                     self.on_beat()
-            except Exception:  # noqa: BLE001 - a Redis blip must not kill the heartbeat
+            except Exception:  # a Redis blip must not kill the heartbeat
                 log.warning("heartbeat failed", exc_info=True)
 
     def stop(self) -> None:
@@ -79,8 +81,8 @@ class Heartbeat:
         self._thread.join(timeout=self.interval_s + 5)
         try:
             pipe = self.r.pipeline()
-            pipe.delete(worker_key(self.info.worker_id), inflight_key(self.info.worker_id))
-            pipe.srem(WORKERS_SET, self.info.worker_id)
+            pipe.delete(keys.worker(self.info.worker_id), keys.inflight(self.info.worker_id))
+            pipe.srem(keys.WORKERS, self.info.worker_id)
             pipe.execute()
         except redis.RedisError:
             log.warning("could not remove heartbeat", exc_info=True)

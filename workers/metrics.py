@@ -31,20 +31,44 @@ class WorkerMetrics:
         lbl = ["backend", "worker"]
         r = registry
         self.jobs = Counter("ib_jobs", "Jobs finished, by status", [*lbl, "model", "status"], registry=r)
-        self.queue_wait = Histogram("ib_queue_wait_seconds", "Submit to start of run", lbl, buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            "ib_queue_wait_seconds", "Submit to start of run", lbl, buckets=_LATENCY_BUCKETS, registry=r
+        )
         self.ttft = Histogram("ib_ttft_seconds", "Submit to first token", lbl, buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("ib_time_per_output_token_seconds", "Decode time per output token after the first", lbl,
-                              buckets=_TPOT_BUCKETS, registry=r)  # fmt: skip
-        self.tokens = Counter("ib_tokens", "Tokens: prompt, completion, and prompt tokens served from the prefix cache",
-                              [*lbl, "kind"], registry=r)  # fmt: skip
-        self.speculative = Counter("ib_speculative_tokens", "Speculative decoding: tokens drafted and accepted",
-                                   [*lbl, "kind"], registry=r)  # fmt: skip
-        self.running = Gauge("ib_running_sequences", "Jobs in the engine at the last heartbeat (its batch)", lbl, registry=r, **_GAUGE)
+        self.tpot = Histogram(
+            "ib_time_per_output_token_seconds",
+            "Decode time per output token after the first",
+            lbl,
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "ib_tokens",
+            "Tokens: prompt, completion, and prompt tokens served from the prefix cache",
+            [*lbl, "kind"],
+            registry=r,
+        )
+        self.speculative = Counter(
+            "ib_speculative_tokens", "Speculative decoding: tokens drafted and accepted", [*lbl, "kind"], registry=r
+        )
+        self.running = Gauge(
+            "ib_running_sequences", "Jobs in the engine at the last heartbeat (its batch)", lbl, registry=r, **_GAUGE
+        )
         self.capacity = Gauge("ib_capacity_sequences", "Jobs the worker takes at once", lbl, registry=r, **_GAUGE)
-        self.memory = Gauge("ib_engine_memory_bytes", "Memory of the worker and its engine: rss, or gpu (used, per device)",
-                            [*lbl, "kind"], registry=r, **_GAUGE)  # fmt: skip
-        self.healthy = Gauge("ib_worker_healthy", "1 while the worker takes jobs, 0 when a health threshold is crossed",
-                             lbl, registry=r, **_GAUGE)  # fmt: skip
+        self.memory = Gauge(
+            "ib_engine_memory_bytes",
+            "Memory of the worker and its engine: rss, or gpu (used, per device)",
+            [*lbl, "kind"],
+            registry=r,
+            **_GAUGE,
+        )
+        self.healthy = Gauge(
+            "ib_worker_healthy",
+            "1 while the worker takes jobs, 0 when a health threshold is crossed",
+            lbl,
+            registry=r,
+            **_GAUGE,
+        )
 
     def observe(self, result: JobResult) -> None:
         lbl = self.labels
@@ -86,4 +110,3 @@ def serve(port: int, addr: str = "0.0.0.0") -> int:
 
 def multiprocess_mode() -> bool:
     return bool(os.environ.get(MULTIPROC_ENV))
-

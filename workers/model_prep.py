@@ -41,7 +41,11 @@ def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
     else:
         source = prepare(spec, source_fmt)
     builders = {("gguf", "hf"): _gguf_to_hf, ("hf", "onnx"): _hf_to_onnx, ("hf", "onnx-int4"): _hf_to_onnx}
-    build = _first_layers if how.layers is not None and (source_fmt, fmt) == ("hf", "hf") else builders.get((source_fmt, fmt))
+    build = (
+        _first_layers
+        if how.layers is not None and (source_fmt, fmt) == ("hf", "hf")
+        else builders.get((source_fmt, fmt))
+    )
     if build is None:
         raise NotImplementedError(f"deriving {fmt} from {source_fmt} is not implemented yet")
     staging = target.with_name(f".{target.name}.tmp")
@@ -50,7 +54,9 @@ def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
     t0 = time.monotonic()
     build(source, staging, spec.derive[fmt])
     (staging / ".complete").write_text(
-        json.dumps({"from": str(source), "source_bytes": source.stat().st_size, "seconds": round(time.monotonic() - t0, 1)})
+        json.dumps(
+            {"from": str(source), "source_bytes": source.stat().st_size, "seconds": round(time.monotonic() - t0, 1)}
+        )
     )
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
@@ -98,8 +104,21 @@ def _first_layers(hf: Path, out: Path, how: Derivation) -> None:
 def _hf_to_onnx(hf: Path, out: Path, how: Derivation) -> None:
     """onnxruntime-genai's model builder (not optimum: it mis-reads this model's RoPE)."""
     cache = out.parent / f".{out.name}.builder-cache"
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
-           "-p", how.precision or "fp32", "-e", "cpu", "-c", str(cache)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "onnxruntime_genai.models.builder",
+        "-i",
+        str(hf),
+        "-o",
+        str(out),
+        "-p",
+        how.precision or "fp32",
+        "-e",
+        "cpu",
+        "-c",
+        str(cache),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     shutil.rmtree(cache, ignore_errors=True)
     if done.returncode != 0:

@@ -5,7 +5,7 @@ broker delivery tag). When a worker's heartbeat key expires (SIGKILL, OOM, lost 
 any live worker takes a short lock for it and puts those messages back at the head of
 their queues through kombu's own ``restore_by_tag``, which also drops them from the
 broker's unacked set, so the visibility-timeout restore cannot deliver them a second time.
-Exactly-once completion is still guarded by the job record (dispatcher.jobstore).
+Exactly-once completion is still guarded by the job record (dispatcher.store.jobstore).
 
 Two windows are not covered by those records: a worker killed between taking a message
 from the broker and recording it, and a job whose ack was lost in a broker outage. Such
@@ -23,12 +23,10 @@ import time
 import redis
 from celery import Celery
 
-from dispatcher import settings
-from dispatcher.fleet import WORKERS_SET, inflight_key, worker_key
-from dispatcher.prefix import PrefixHints
+from dispatcher import connection, settings
+from dispatcher.store import keys
+from dispatcher.store.hints import PrefixHints
 
-WORKER_QUEUES = "ib:worker-queues"  # worker id → its own queue (kept after it dies)
-ORPHANED = "ib:orphaned"  # dead workers whose own queue is swept for a while, by time of death
 SWEEP_S = 60.0  # how long a dead worker's queue is swept (late sends from stale fleet views)
 
 # Move every message of a dead worker's own queue to its backend's shared queue, oldest
@@ -53,7 +51,7 @@ log = logging.getLogger(__name__)
 def restore_tags(app: Celery, tags: list[str]) -> None:
     """Put reserved messages back at the head of their queues (and out of the unacked set).
     Redis transport only: RabbitMQ requeues a dead consumer's unacked messages itself."""
-    if not tags or not settings.is_redis_broker(app.conf.broker_url):
+    if not tags or not connection.is_redis_broker(app.conf.broker_url):
         return
     with app.connection_for_write() as conn:
         qos = conn.default_channel.qos
@@ -62,11 +60,11 @@ def restore_tags(app: Celery, tags: list[str]) -> None:
 
 
 def dead_workers(client: redis.Redis, me: str) -> list[str]:
-    ids = [m.decode() for m in client.smembers(WORKERS_SET)]
+    ids = [m.decode() for m in client.smembers(keys.WORKERS)]
     others = [i for i in ids if i != me]
     if not others:
         return []
-    alive = client.mget([worker_key(i) for i in others])
+    alive = client.mget([keys.worker(i) for i in others])
     return [i for i, beat in zip(others, alive) if beat is None]
 
 
@@ -75,14 +73,14 @@ def reap(client: redis.Redis, app: Celery, me: str, untracked_after_s: float | N
     With ``untracked_after_s``, also the unacked messages no live worker holds."""
     restored: dict[str, int] = {}
     for dead in dead_workers(client, me):
-        if not client.set(f"ib:reap-lock:{dead}", me, nx=True, ex=60):
+        if not client.set(keys.reap_lock(dead), me, nx=True, ex=60):
             continue  # another worker is on it
-        tags = client.hgetall(inflight_key(dead))
+        tags = client.hgetall(keys.inflight(dead))
         restore_tags(app, [t.decode() for t in tags.values()])
         pipe = client.pipeline()
-        pipe.delete(inflight_key(dead))
-        pipe.srem(WORKERS_SET, dead)
-        pipe.zadd(ORPHANED, {dead: time.time()})
+        pipe.delete(keys.inflight(dead))
+        pipe.srem(keys.WORKERS, dead)
+        pipe.zadd(keys.ORPHANED, {dead: time.time()})
         pipe.execute()
         dropped = PrefixHints(client).drop_worker(dead)
         restored[dead] = len(tags)
@@ -96,9 +94,9 @@ def reap(client: redis.Redis, app: Celery, me: str, untracked_after_s: float | N
 def sweep_untracked(client: redis.Redis, app: Celery, me: str, min_age_s: float) -> list[str]:
     """Restore unacked messages older than ``min_age_s`` that no live worker has recorded
     as reserved (one worker sweeps per ``min_age_s / 4``). Returns the restored tags."""
-    if not settings.is_redis_broker(app.conf.broker_url):
+    if not connection.is_redis_broker(app.conf.broker_url):
         return []  # RabbitMQ tracks its own unacked messages per connection
-    if not client.set("ib:untracked-sweep", me, nx=True, ex=max(1, int(min_age_s / 4))):
+    if not client.set(keys.UNTRACKED_SWEEP, me, nx=True, ex=max(1, int(min_age_s / 4))):
         return []
     with app.connection_for_write() as conn:
         channel = conn.default_channel
@@ -106,22 +104,24 @@ def sweep_untracked(client: redis.Redis, app: Celery, me: str, min_age_s: float)
     old = [t.decode() for t in client.zrangebyscore(index_key, "-inf", time.time() - min_age_s, start=0, num=1000)]
     if not old:
         return []
-    workers = [m.decode() for m in client.smembers(WORKERS_SET)]
+    workers = [m.decode() for m in client.smembers(keys.WORKERS)]
     pipe = client.pipeline(transaction=False)
     for w in workers:
-        pipe.hvals(inflight_key(w))
+        pipe.hvals(keys.inflight(w))
     held = {t.decode() for tags in pipe.execute() for t in tags}
     lost = [t for t in old if t not in held]
     if lost:
         restore_tags(app, lost)
-        log.warning("put back %d unacked message(s) that no live worker holds (older than %.0f s)", len(lost), min_age_s)
+        log.warning(
+            "put back %d unacked message(s) that no live worker holds (older than %.0f s)", len(lost), min_age_s
+        )
     return lost
 
 
 def leave(client: redis.Redis, me: str) -> int:
     """A worker shutting down cleanly: what waits in its own queue moves to the shared
     queue now, and late sends (stale fleet views) are swept by the others for a while."""
-    client.zadd(ORPHANED, {me: time.time()})
+    client.zadd(keys.ORPHANED, {me: time.time()})
     return sweep_orphans(client)
 
 
@@ -130,12 +130,12 @@ def sweep_orphans(client: redis.Redis) -> int:
     their backends' shared queues; each is swept for ``SWEEP_S`` after its death."""
     now = time.time()
     moved = 0
-    orphans = [o.decode() for o in client.zrangebyscore(ORPHANED, now - SWEEP_S, "+inf")]
+    orphans = [o.decode() for o in client.zrangebyscore(keys.ORPHANED, now - SWEEP_S, "+inf")]
     if orphans:  # one back with the same id (a restarted pod) consumes its own queue again
-        orphans = [w for w, beat in zip(orphans, client.mget([worker_key(w) for w in orphans])) if beat is None]
-    priorities = sorted(set(settings.fleet_config()["priorities"].values())) if orphans else []
+        orphans = [w for w, beat in zip(orphans, client.mget([keys.worker(w) for w in orphans])) if beat is None]
+    priorities = settings.fleet_config().priorities.steps() if orphans else []
     for worker in orphans:
-        own = client.hget(WORKER_QUEUES, worker)
+        own = client.hget(keys.WORKER_QUEUES, worker)
         if own is None:
             continue
         own_queue = own.decode()
@@ -148,10 +148,10 @@ def sweep_orphans(client: redis.Redis) -> int:
             if n:
                 log.warning("worker %s is gone: moved %d job(s) from its own queue to %s", worker, n, dest)
             moved += int(n)
-    expired = [w.decode() for w in client.zrangebyscore(ORPHANED, "-inf", now - SWEEP_S)]
+    expired = [w.decode() for w in client.zrangebyscore(keys.ORPHANED, "-inf", now - SWEEP_S)]
     if expired:
         pipe = client.pipeline()
-        pipe.zrem(ORPHANED, *expired)
-        pipe.hdel(WORKER_QUEUES, *expired)
+        pipe.zrem(keys.ORPHANED, *expired)
+        pipe.hdel(keys.WORKER_QUEUES, *expired)
         pipe.execute()
     return moved

@@ -19,36 +19,41 @@ import logging
 from celery import Celery, bootsteps
 from celery.worker.state import active_requests
 
-from dispatcher.fleet import inflight_key
-from workers import reaper, tasks
+from dispatcher.store import keys
+from workers import reaper
+from workers.tasks import Runtime
 
 log = logging.getLogger(__name__)
 
 
-class RestoreReservedOnReconnect(bootsteps.StartStopStep):
-    """A consumer step: after Tasks has set up consuming, before the event loop runs."""
+def restore_step(rt: Runtime) -> type[bootsteps.StartStopStep]:
+    """The consumer step for this worker's runtime (Celery makes the instance itself)."""
 
-    requires = {"celery.worker.consumer.tasks:Tasks"}
+    class RestoreReservedOnReconnect(bootsteps.StartStopStep):
+        """After Tasks has set up consuming, before the event loop runs."""
 
-    def __init__(self, parent, **kwargs) -> None:  # noqa: ANN001
-        super().__init__(parent, **kwargs)
-        self.starts = 0
+        requires = {"celery.worker.consumer.tasks:Tasks"}
 
-    def start(self, parent) -> None:  # noqa: ANN001
-        self.starts += 1
-        rt = tasks.RUNTIME
-        if self.starts == 1 or rt is None:
-            return  # the first connection: nothing was reserved before it
-        running = {r.id for r in active_requests}
-        held = {k.decode(): v.decode() for k, v in rt.redis.hgetall(inflight_key(rt.worker_id)).items()}
-        lost = {task_id: tag for task_id, tag in held.items() if task_id not in running}
-        log.info("broker reconnected: %d job(s) reserved, %d running", len(held), len(running))
-        if not lost:
-            return
-        reaper.restore_tags(parent.app, list(lost.values()))
-        rt.redis.hdel(inflight_key(rt.worker_id), *lost)
-        log.warning("broker reconnected: put %d reserved job(s) back on their queues", len(lost))
+        def __init__(self, parent: object, **kwargs: object) -> None:
+            super().__init__(parent, **kwargs)
+            self.starts = 0
+
+        def start(self, parent: object) -> None:
+            self.starts += 1
+            if self.starts == 1:
+                return  # the first connection: nothing was reserved before it
+            running = {r.id for r in active_requests}
+            held = {k.decode(): v.decode() for k, v in rt.redis.hgetall(keys.inflight(rt.worker_id)).items()}
+            lost = {task_id: tag for task_id, tag in held.items() if task_id not in running}
+            log.info("broker reconnected: %d job(s) reserved, %d running", len(held), len(running))
+            if not lost:
+                return
+            reaper.restore_tags(parent.app, list(lost.values()))  # type: ignore[attr-defined]
+            rt.redis.hdel(keys.inflight(rt.worker_id), *lost)
+            log.warning("broker reconnected: put %d reserved job(s) back on their queues", len(lost))
+
+    return RestoreReservedOnReconnect
 
 
-def install(app: Celery) -> None:
-    app.steps["consumer"].add(RestoreReservedOnReconnect)
+def install(app: Celery, rt: Runtime) -> None:
+    app.steps["consumer"].add(restore_step(rt))

@@ -3,7 +3,8 @@
 The task checks the job record first (a redelivered job that already finished returns the
 stored outcome), marks it running, runs the engine, and writes the one final outcome.
 Typed errors (context overflow, engine failure) are recorded and raised; the worker keeps
-serving.
+serving. What a worker process holds (engine, stores, its id) is one Runtime, made at
+start-up by workers.worker and handed to ``register``: no module state.
 """
 
 from __future__ import annotations
@@ -11,20 +12,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
+from typing import Any
 
 import redis
 from celery import Celery
 from celery.signals import task_postrun, task_received
 
-from dispatcher.batch_format import CHAT_URL, COMPLETIONS_URL, error_record, job_error_record, output_record
+from dispatcher.batch.format import line_record
 from dispatcher.celery_app import GENERATE_TASK
-from dispatcher.decision import Selection
-from dispatcher.fleet import inflight_key
-from dispatcher.jobs import EngineError, GenerationJob, JobError, JobResult, Timings, Usage
-from dispatcher.jobstore import JobStore, LineRecord
-from dispatcher.prefix import PrefixHints
-from dispatcher.streams import StreamPublisher
+from dispatcher.jobs import EngineError, GenerationJob, JobError, JobResult, Selection, Timings, Usage
+from dispatcher.store import keys
+from dispatcher.store.hints import PrefixHints
+from dispatcher.store.jobstore import JobStore
+from dispatcher.store.streams import StreamPublisher
 from workers.cancel_watch import CancelWatcher
 from workers.engines.base import Engine, EngineOutput
 from workers.metrics import WorkerMetrics
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
-    """What a worker process holds: set once by workers.worker before consuming."""
+    """What a worker process holds, made once by workers.worker before consuming."""
 
     engine: Engine
     store: JobStore
@@ -47,17 +47,7 @@ class Runtime:
     metrics: WorkerMetrics | None = None
 
 
-RUNTIME: Runtime | None = None
-
-
-def runtime() -> Runtime:
-    if RUNTIME is None:
-        raise EngineError("this process has no engine loaded (start workers with `ib worker`)")
-    return RUNTIME
-
-
-def run_job(job_data: dict, selection_data: dict) -> dict:
-    rt = runtime()
+def run_job(rt: Runtime, job_data: dict, selection_data: dict) -> dict:
     job = GenerationJob.model_validate(job_data)
     selection = Selection.model_validate(selection_data)
     started = time.time()
@@ -84,7 +74,7 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
     except JobError as exc:
         _record_failure(rt, job, exc)
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # any engine bug becomes the job's typed failure
         log.exception("job %s: engine failure", job.id)
         err = EngineError(f"{type(exc).__name__}: {exc}", {"backend": rt.engine.backend})
         _record_failure(rt, job, err)
@@ -97,7 +87,7 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
     payload = result.model_dump(mode="json")
     if rt.metrics is not None:
         rt.metrics.observe(result)
-    if not rt.store.finish(job.id, result.status, payload, line=batch_line_record(job, result)):
+    if not rt.store.finish(job.id, result.status, payload, line=line_record(job, result)):
         return _outcome(*rt.store.final(job.id))  # another delivery finished first
     if rt.hints is not None and selection.prefix_hashes and result.status == "completed":
         rt.hints.record(rt.worker_id, selection.prefix_hashes)
@@ -107,6 +97,7 @@ def run_job(job_data: dict, selection_data: dict) -> dict:
 def build_result(
     job: GenerationJob, selection: Selection, out: EngineOutput, started: float, worker: str, attempt: int
 ) -> JobResult:
+    completion_tokens = len(out.token_ids) if out.completion_tokens is None else out.completion_tokens
     return JobResult(
         id=job.id,
         status="cancelled" if out.finish_reason == "cancelled" else "completed",
@@ -114,8 +105,12 @@ def build_result(
         text=out.text,
         token_ids=out.token_ids,
         finish_reason=out.finish_reason,  # type: ignore[arg-type]
-        usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=len(out.token_ids) if out.completion_tokens is None else out.completion_tokens, cached_tokens=out.cached_tokens),
-        timings=Timings(submitted=job.submitted_at, started=started, first_token=out.first_token_at, finished=out.finished_at),
+        usage=Usage(
+            prompt_tokens=out.prompt_tokens, completion_tokens=completion_tokens, cached_tokens=out.cached_tokens
+        ),
+        timings=Timings(
+            submitted=job.submitted_at, started=started, first_token=out.first_token_at, finished=out.finished_at
+        ),
         backend=selection.backend,
         worker=worker,
         path=selection.path,
@@ -127,24 +122,10 @@ def build_result(
     )
 
 
-def batch_line_record(job: GenerationJob, result: JobResult | JobError) -> LineRecord | None:
-    """The OpenAI batch output (or error) record of a batch line's job."""
-    if job.batch_id is None or job.batch_line is None or job.custom_id is None:
-        return None
-    line = partial(LineRecord, job.batch_id, job.batch_line)
-    if isinstance(result, JobError):
-        return line(job_error_record(job.custom_id, job.id, result), "failed")
-    tokens = result.usage.completion_tokens
-    if result.status == "cancelled":
-        message = f"cancelled with the batch after {tokens} generated token(s)"
-        return line(error_record(job.custom_id, "batch_cancelled", message, job.id), "failed", tokens)
-    return line(output_record(job.custom_id, result, CHAT_URL if job.messages else COMPLETIONS_URL), "completed", tokens)
-
-
 def _record_failure(rt: Runtime, job: GenerationJob, exc: JobError) -> None:
     if rt.metrics is not None:
         rt.metrics.observe_failure(job.model)
-    rt.store.finish(job.id, "failed", exc.to_dict(), line=batch_line_record(job, exc))
+    rt.store.finish(job.id, "failed", exc.to_dict(), line=line_record(job, exc))
 
 
 def _outcome(status: str, payload: dict) -> dict:
@@ -157,31 +138,31 @@ def event_summary(payload: dict) -> dict:
     """What Celery's task events (and so Flower) carry of a result: counts, not the text."""
     usage = payload.get("usage") or {}
     keep = ("status", "backend", "worker", "finish_reason", "batch_id", "custom_id")
-    return {**{k: payload.get(k) for k in keep if payload.get(k) is not None},
-            **{k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "cached_tokens")}}  # fmt: skip
+    return {
+        **{k: payload.get(k) for k in keep if payload.get(k) is not None},
+        **{k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "cached_tokens")},
+    }
 
 
-def register(app: Celery, show_text: bool = False) -> None:
+def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
     """Register the task and the in-flight bookkeeping on the worker's app.
 
     The task's return value is only seen by Celery's events (the outcome lives in the job
     record), so it is a summary unless ``show_text`` (``flower.show_text``) is on."""
 
     def generate(job_data: dict, selection_data: dict) -> dict:
-        payload = run_job(job_data, selection_data)
+        payload = run_job(rt, job_data, selection_data)
         return payload if show_text else event_summary(payload)
 
     app.task(name=GENERATE_TASK, bind=False, throws=(JobError,), acks_late=True, ignore_result=True)(generate)
 
     @task_received.connect(weak=False)
-    def _reserved(request=None, **_: object) -> None:
+    def _reserved(request: Any = None, **_: object) -> None:
         # Remember the broker delivery tag: if this process dies, the reaper restores it.
-        rt = RUNTIME
-        if rt is not None and request is not None:
-            rt.redis.hset(inflight_key(rt.worker_id), request.id, request.message.delivery_tag)
+        if request is not None:
+            rt.redis.hset(keys.inflight(rt.worker_id), request.id, request.message.delivery_tag)
 
     @task_postrun.connect(weak=False)
     def _done(task_id: str | None = None, **_: object) -> None:
-        rt = RUNTIME
-        if rt is not None and task_id:
-            rt.redis.hdel(inflight_key(rt.worker_id), task_id)
+        if task_id:
+            rt.redis.hdel(keys.inflight(rt.worker_id), task_id)

@@ -4,35 +4,48 @@ A worker consumes its backend's shared queue ``ib.<backend>`` and its own queue
 ``ib.<backend>.<worker_id>`` (for prefix-affinity routing). Celery runs tasks in a thread
 pool sized to what the engine wants in flight, so many jobs can share one batch; the
 engine is loaded once, here, before the first job is taken.
+
+Services that share the worker's process but belong to another layer (the batch feeder,
+which routes lines with the dispatcher's tree) are handed in by the caller as
+``sidecars``: the serving side never imports the submitting side.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
+from celery import Celery
 from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutting_down
 
-from dispatcher import settings
-from dispatcher.batch_feeder import BatchFeeder
-from dispatcher.celery_app import get_app
-from dispatcher.client import Client
-from dispatcher.decision import BackendSpec, queue_for
+from dispatcher import connection, settings
+from dispatcher.celery_app import BrokerNotConfigured, get_app, own_queue_for, queue_for
 from dispatcher.fleet import WorkerInfo
-from dispatcher.jobstore import JobStore
-from dispatcher.prefix import PrefixHints
-from dispatcher.streams import StreamPublisher
-from dispatcher.registry import ModelRegistry
+from dispatcher.registry import ModelRegistry, backend_spec
+from dispatcher.store import keys
+from dispatcher.store.hints import PrefixHints
+from dispatcher.store.jobstore import JobStore
+from dispatcher.store.streams import StreamPublisher
 from workers import hardware, metrics, reaper, reconnect, tasks
 from workers.cancel_watch import CancelWatcher
 from workers.engines import create_engine
-from workers.health import ConsumeGate, HealthMonitor, Thresholds
+from workers.health import ConsumeGate, HealthMonitor
 from workers.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
+
+
+class Sidecar(Protocol):
+    def stop(self) -> None: ...
+
+
+# Called with (broker URL, worker id) once the engine is loaded; stopped when the worker exits.
+SidecarFactory = Callable[[str, str], Sidecar]
 
 
 def default_worker_id(backend: str, kind: str) -> str:
@@ -51,50 +64,52 @@ def run_worker(
     endpoint: str | None = None,
     loglevel: str = "INFO",
     metrics_port: int | None = None,
+    sidecars: Sequence[SidecarFactory] = (),
 ) -> None:
     """Blocks until the worker is shut down (SIGTERM / SIGINT: warm shutdown)."""
-    url = settings.redis_url()
+    url = connection.redis_url()
+    if url is None:
+        raise BrokerNotConfigured("no broker: set REDIS_URL, or start the embedded one with `ib broker`")
     app = get_app(url)
     cfg = settings.fleet_config()
-    client = settings.redis_client(url, resilient=True)
-    store = JobStore(client, ttl_s=int(cfg["celery"]["result_expires_s"]))
+    client = connection.redis_client(url, resilient=True)
+    store = JobStore(client, ttl_s=cfg.celery.result_expires_s)
     spec = ModelRegistry.from_config().get(model)
-    backend_spec = BackendSpec(**settings.load_yaml("backends.yaml")["backends"][backend])
+    bspec = backend_spec(backend)
 
     # Celery logs each task's return value at INFO; results hold generated text, which
     # stays out of the logs like the prompts do.
     celery_trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
     hw = hardware.detect(use_gpu)
     # The engine runs where the heartbeat says the worker is (`--cpu` on a GPU host too).
-    engine_config = {
-        **backend_spec.engine_config(),
-        "max_model_len": spec.context_length,
-        "device": "cuda" if hw.kind == "gpu" else "cpu",
+    engine_spec = bspec.for_model(
+        spec,
+        device="cuda" if hw.kind == "gpu" else "cpu",
+        format=fmt or next((f for f in bspec.formats if f in spec.formats()), bspec.formats[0]),
         **({"endpoint": endpoint} if endpoint else {}),
-        "format": fmt or next((f for f in backend_spec.formats if f in spec.formats()), backend_spec.formats[0]),
-    }
+    )
     worker_id = worker_id or default_worker_id(backend, hw.kind)
     threads = threads or hw.cpu_cores
     cancels = CancelWatcher(store.cancelled).start()
-    engine = create_engine(backend, spec, engine_config, threads, cancel_source=cancels.cancelled)
+    engine = create_engine(backend, spec, engine_spec, threads, cancel_source=cancels.cancelled)
     engine.load()
     concurrency = concurrency or engine.capacity
 
     queues = [queue_for(backend)]
-    if settings.is_redis_broker(app.conf.broker_url):
+    if connection.is_redis_broker(app.conf.broker_url):
         # its own queue, for prefix-affinity sends (swept to the shared one if it dies); with
         # RabbitMQ a durable queue per worker would outlive it, so jobs use the shared queue
-        queues.append(f"{queue_for(backend)}.{worker_id}")
+        queues.append(own_queue_for(backend, worker_id))
     # Flower and `celery inspect` show node names: say the backend and hardware there too.
     nodename = f"{worker_id}@{backend}-{hw.kind}.{socket.gethostname()}"
     worker_metrics = metrics.WorkerMetrics(backend, worker_id)
-    metrics_port = cfg["metrics"]["port"] if metrics_port is None else metrics_port
+    metrics_port = cfg.metrics.port if metrics_port is None else metrics_port
     own_port = None  # under `ib up` (multiprocess mode) the host's one endpoint serves them
     if metrics_port and not metrics.multiprocess_mode():
         own_port = metrics.serve(metrics_port)
         log.info("metrics on :%d/metrics", own_port)
     gpu_reader = hardware.NvmlHealthReader.open() if hw.kind == "gpu" else None
-    monitor = HealthMonitor(Thresholds.from_config(cfg["health"]), gpu_reader)
+    monitor = HealthMonitor(cfg.health, gpu_reader)
     info = WorkerInfo(
         worker_id=worker_id,
         backend=backend,
@@ -109,36 +124,39 @@ def run_worker(
         metrics_port=own_port,
     )
     if len(queues) > 1:
-        client.hset(reaper.WORKER_QUEUES, worker_id, queues[1])  # swept to the shared queue if this worker dies
-    hints = PrefixHints(client, int(cfg["prefix"]["hint_ttl_s"]))
+        client.hset(keys.WORKER_QUEUES, worker_id, queues[1])  # swept to the shared queue if this worker dies
+    hints = PrefixHints(client, cfg.prefix.hint_ttl_s)
     hints.drop_worker(worker_id)  # a restarted worker holds no KV state, whatever hints said
-    tasks.RUNTIME = tasks.Runtime(
+    runtime = tasks.Runtime(
         engine=engine,
         store=store,
         redis=client,
         worker_id=worker_id,
         cancels=cancels,
-        streams=StreamPublisher(client, ttl_s=int(cfg["celery"]["result_expires_s"])),
-        time_limit_s=float(cfg["celery"]["job_time_limit_s"]),
+        streams=StreamPublisher(client, ttl_s=cfg.celery.result_expires_s),
+        time_limit_s=cfg.celery.job_time_limit_s,
         hints=hints,
         metrics=worker_metrics,
     )
-    tasks.register(app, show_text=bool(cfg["flower"]["show_text"]))
-    reconnect.install(app)
+    tasks.register(app, runtime, show_text=cfg.flower.show_text)
+    reconnect.install(app, runtime)
     beat = Heartbeat(
         client,
         info,
         in_flight=lambda: engine.in_flight,
-        interval_s=float(cfg["heartbeat"]["interval_s"]),
-        ttl_s=float(cfg["heartbeat"]["ttl_s"]),
+        interval_s=cfg.heartbeat.interval_s,
+        ttl_s=cfg.heartbeat.ttl_s,
         on_beat=lambda: _on_beat(),
         engine_stats=engine.stats,
         health=monitor.check,
     ).start()
     # an unacked message that no live worker holds, this old, was lost between two records
-    untracked_after_s = 2 * float(cfg["heartbeat"]["ttl_s"])
-    gate = ConsumeGate(lambda q: _control(app, "cancel_consumer", q, nodename),
-                       lambda q: _control(app, "add_consumer", q, nodename), queues)  # fmt: skip
+    untracked_after_s = 2 * cfg.heartbeat.ttl_s
+    gate = ConsumeGate(
+        lambda q: _control(app, "cancel_consumer", q, nodename),
+        lambda q: _control(app, "add_consumer", q, nodename),
+        queues,
+    )
     ready = False
 
     def _on_beat() -> None:
@@ -146,13 +164,11 @@ def run_worker(
         if ready:
             try:
                 gate.update(beat.info.health)
-            except Exception:  # noqa: BLE001 - tried again at the next beat
+            except Exception:  # tried again at the next beat
                 log.warning("could not change consuming after a health change", exc_info=True)
         reaper.reap(client, app, worker_id, untracked_after_s=untracked_after_s)
 
-    feeder = None
-    if cfg["batch"]["feeder_in_workers"]:
-        feeder = BatchFeeder(Client(url, resilient=True), owner=worker_id).start()
+    started = [make(url, worker_id) for make in sidecars]
 
     @worker_ready.connect(weak=False)
     def _ready(**_: object) -> None:
@@ -180,8 +196,8 @@ def run_worker(
             ]
         )
     finally:
-        if feeder is not None:
-            feeder.stop()
+        for sidecar in started:
+            sidecar.stop()
         beat.stop()
         reaper.leave(client, worker_id)
         engine.close()
@@ -190,7 +206,7 @@ def run_worker(
             gpu_reader.close()
 
 
-def _control(app, command: str, queue: str, nodename: str) -> None:  # noqa: ANN001
+def _control(app: Celery, command: str, queue: str, nodename: str) -> None:
     """A remote-control command to this worker itself, run by its consumer thread."""
     replies = app.control.broadcast(command, arguments={"queue": queue}, destination=[nodename], reply=True, timeout=5)
     if not replies:

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from conftest import ib, start_worker, wait_for
-from dispatcher.batch_format import CHAT_URL, COMPLETIONS_URL, line_job_id
+from dispatcher.batch.format import CHAT_URL, COMPLETIONS_URL, line_job_id
 from dispatcher.client import Client
 
 pytestmark = pytest.mark.integration
@@ -32,13 +32,29 @@ def request_line(i: int, max_tokens: int) -> dict:
     cid = f"req-{i:03d}"
     match i % 4:
         case 0:
-            return {"custom_id": cid, "method": "POST", "url": CHAT_URL,
-                    "body": {"model": MODEL, "messages": [{"role": "user", "content": f"One fact about {topic}."}], "max_tokens": max_tokens}}  # fmt: skip
+            return {
+                "custom_id": cid,
+                "method": "POST",
+                "url": CHAT_URL,
+                "body": {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": f"One fact about {topic}."}],
+                    "max_tokens": max_tokens,
+                },
+            }
         case 1:
-            return {"custom_id": cid, "method": "POST", "url": COMPLETIONS_URL,
-                    "body": {"model": MODEL, "prompt": f"A sentence about {topic}:", "max_tokens": max_tokens}}  # fmt: skip
+            return {
+                "custom_id": cid,
+                "method": "POST",
+                "url": COMPLETIONS_URL,
+                "body": {"model": MODEL, "prompt": f"A sentence about {topic}:", "max_tokens": max_tokens},
+            }
         case 2:
-            return {"custom_id": cid, "messages": [{"role": "user", "content": f"Describe {topic}."}], "max_tokens": max_tokens}
+            return {
+                "custom_id": cid,
+                "messages": [{"role": "user", "content": f"Describe {topic}."}],
+                "max_tokens": max_tokens,
+            }
         case _:
             return {"custom_id": cid, "prompt": f"{topic.capitalize()} is", "max_tokens": max_tokens}
 
@@ -81,7 +97,9 @@ def llamacpp_worker(redis_url):
     worker.stop()
 
 
-def test_200_lines_with_10_bad_ones_give_190_outputs_and_10_errors_in_input_order(llamacpp_worker, client, redis_url, tmp_path):
+def test_200_lines_with_10_bad_ones_give_190_outputs_and_10_errors_in_input_order(
+    llamacpp_worker, client, redis_url, tmp_path
+):
     src = write_file(tmp_path / "requests.jsonl", 200, max_tokens=6, bad=BAD_LINES)
     submitted = ib("batch", "submit", str(src), "--model", MODEL, redis_url=redis_url)
     assert submitted.returncode == 0, submitted.stderr + submitted.stdout
@@ -104,8 +122,18 @@ def test_200_lines_with_10_bad_ones_give_190_outputs_and_10_errors_in_input_orde
     assert [line_of(r) for r in errors] == sorted(BAD_LINES)
     assert sorted(r["custom_id"] for r in outputs) == [f"req-{i:03d}" for i in range(1, 201) if i not in BAD_LINES]
     codes = [r["error"]["code"] for r in errors]
-    assert codes == ["invalid_json", "missing_custom_id", "duplicate_custom_id", "model_not_found", "invalid_request",
-                     "invalid_url", "invalid_request", "invalid_request", "invalid_request", "invalid_request"]  # fmt: skip
+    assert codes == [
+        "invalid_json",
+        "missing_custom_id",
+        "duplicate_custom_id",
+        "model_not_found",
+        "invalid_request",
+        "invalid_url",
+        "invalid_request",
+        "invalid_request",
+        "invalid_request",
+        "invalid_request",
+    ]
     assert all(f"line {line_of(r)}" in r["error"]["message"] for r in errors)
 
     for rec in outputs:
@@ -122,7 +150,9 @@ def test_200_lines_with_10_bad_ones_give_190_outputs_and_10_errors_in_input_orde
     for rec in outputs[::19]:
         result = client.result(rec["response"]["request_id"], timeout=5)
         choice = rec["response"]["body"]["choices"][0]
-        assert result.batch_id == batch_id and result.custom_id == rec["custom_id"] and result.batch_line == line_of(rec)
+        assert (
+            result.batch_id == batch_id and result.custom_id == rec["custom_id"] and result.batch_line == line_of(rec)
+        )
         assert result.text == (choice["message"]["content"] if "message" in choice else choice["text"])
 
 
@@ -152,8 +182,8 @@ def test_cancel_mid_batch_keeps_finished_lines_and_drops_the_rest(client, redis_
 
 
 def test_a_killed_worker_and_a_restarted_broker_lose_nothing_and_double_nothing(tmp_path):
-    from dispatcher.broker import EmbeddedBroker
-    from dispatcher.localfleet import free_port
+    from ops.broker import EmbeddedBroker
+    from ops.localfleet import free_port
 
     port, data = free_port(), tmp_path / "valkey"
     broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
@@ -167,15 +197,21 @@ def test_a_killed_worker_and_a_restarted_broker_lose_nothing_and_double_nothing(
             first.kill()  # mid-batch: jobs in flight on it
             # More messages reserved than running (4 threads, prefetch 3 each): the ones not
             # running at the reconnect are put back by workers/reconnect.py.
-            second = start_worker(url, "llamacpp", extra_args=["--threads=2", "--concurrency=4"],
-                                  env={"IB_CELERY_PREFETCH_MULTIPLIER": "3"})  # fmt: skip
+            second = start_worker(
+                url,
+                "llamacpp",
+                extra_args=["--threads=2", "--concurrency=4"],
+                env={"IB_CELERY_PREFETCH_MULTIPLIER": "3"},
+            )
             wait_for(lambda: client.batches.retrieve(batch.id).done >= 60, 300, "60 lines done")
             before_restart = client.batches.retrieve(batch.id).done
             broker.server.stop()  # SIGTERM: the append-only file is flushed
             # A worker whose prefetch is full has no read outstanding and would not notice a
             # short outage (it keeps its messages and acks them later: nothing lost either).
             # Stay down until it sees the loss, so the reconnect path below is what runs.
-            wait_for(lambda: "Connection to broker lost" in second.log_path.read_text(), 60, "the worker to see the outage")
+            wait_for(
+                lambda: "Connection to broker lost" in second.log_path.read_text(), 60, "the worker to see the outage"
+            )
             broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
             # (without the reconnect step the dropped messages would wait for the 2 h visibility timeout)
             final = wait_for(lambda: (b := client.batches.retrieve(batch.id)).is_final and b, 600, "batch done")
@@ -211,8 +247,13 @@ def _peak_rss_mb(args: list[str], env: dict[str, str]) -> tuple[int, float, str]
         "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n"
         "print(p.stdout + p.stderr)\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "dispatcher.cli", *args],
-                         env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", probe, sys.executable, "-m", "ops.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     head, _, rest = out.stdout.partition("\n")
     code, rss = head.split()
     return int(code), float(rss), rest
@@ -244,7 +285,7 @@ def test_a_100k_line_file_is_validated_and_enqueued_with_bounded_memory(redis_ur
 
             code, feed_rss, output = _peak_rss_mb(["batch", "feed", "--once"], env)
             assert code == 0, output
-            limit = int(client.batches.cfg["max_queued"])
+            limit = client.batches.cfg.max_queued
             in_queues = sum(r.llen(k) for k in r.scan_iter("ib.*") if r.type(k) == b"list")
             assert client.batches.retrieve(batch_id).fed == limit == in_queues  # backpressure: no more
             assert feed_rss < RSS_BOUND_MB

@@ -13,11 +13,11 @@ import time
 import pytest
 import redis
 
-from dispatcher.batch_feeder import BatchFeeder
-from dispatcher.batch_format import CHAT_URL, line_job_id
-from dispatcher.batchstore import lines_key
+from dispatcher.batch.feeder import BatchFeeder
+from dispatcher.batch.format import CHAT_URL, line_job_id
 from dispatcher.client import Client
-from dispatcher.jobstore import LineRecord
+from dispatcher.store import keys
+from dispatcher.store.jobstore import LineRecord
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
@@ -41,8 +41,12 @@ def client(url, monkeypatch):
 
 
 def good(i: int, **body) -> dict:
-    return {"custom_id": f"req-{i}", "method": "POST", "url": CHAT_URL,
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": f"Question {i}?"}], "max_tokens": 4, **body}}  # fmt: skip
+    return {
+        "custom_id": f"req-{i}",
+        "method": "POST",
+        "url": CHAT_URL,
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": f"Question {i}?"}], "max_tokens": 4, **body},
+    }
 
 
 def queued(client: Client) -> list[str]:
@@ -67,13 +71,15 @@ def test_lines_are_validated_and_staged_and_bad_ones_recorded_at_once(client):
     assert batch.status == "in_progress" and batch.priority == "batch"
     assert batch.request_counts.total == 6  # the blank line is not a request
     assert batch.request_counts.failed == 3 and batch.request_counts.completed == 0
-    assert client.redis.llen(lines_key(batch.id)) == 3
+    assert client.redis.llen(keys.batch_lines(batch.id)) == 3
     records = list(client.batches.results(batch.id))
     assert [r["error"]["code"] for r in records] == ["invalid_json", "invalid_request", "duplicate_custom_id"]
     assert [r["custom_id"] for r in records] == [None, "req-3", "req-1"]
 
 
-@pytest.mark.parametrize(("lines", "code"), [([], "empty_file"), (["", "  "], "empty_file"), (["{x", {"custom_id": "a"}], "no_valid_lines")])
+@pytest.mark.parametrize(
+    ("lines", "code"), [([], "empty_file"), (["", "  "], "empty_file"), (["{x", {"custom_id": "a"}], "no_valid_lines")]
+)
 def test_a_batch_with_no_valid_line_fails_at_validation_with_the_reason(client, lines, code):
     batch = client.batches.create(lines)
     assert batch.status == "failed" and batch.failed_at
@@ -159,7 +165,9 @@ def test_an_interrupted_or_abandoned_validation_fails_the_batch(client, url, mon
     assert failed.status == "failed" and failed.errors.data[0]["code"] == "validation_interrupted"
     assert "disk went away" in failed.errors.data[0]["message"]
 
-    client.batches.store.create("batch_orphan", {"expires_at": time.time() + 60, "completion_window": "1m"}, int(time.time()) + 120)
+    client.batches.store.create(
+        "batch_orphan", {"expires_at": time.time() + 60, "completion_window": "1m"}, int(time.time()) + 120
+    )
     monkeypatch.setenv("IB_BATCH_VALIDATION_STALE_S", "0")
     with Client(url) as c2:
         BatchFeeder(c2, owner="t").tick()
@@ -176,7 +184,7 @@ def test_one_feeder_holds_the_lease_at_a_time(client):
 
 
 def test_unknown_batch_and_bad_options_are_refused(client):
-    from dispatcher.batches import BatchInputError, UnknownBatchError
+    from dispatcher.batch.api import BatchInputError, UnknownBatchError
     from dispatcher.jobs import UnknownModelError
 
     with pytest.raises(UnknownBatchError):
@@ -188,4 +196,3 @@ def test_unknown_batch_and_bad_options_are_refused(client):
     with pytest.raises(UnknownModelError, match="known models"):
         client.batches.create([good(1)], model="gpt-9")
     assert client.batches.list() == []  # nothing was stored for a refused batch
-

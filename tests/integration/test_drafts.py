@@ -22,14 +22,29 @@ def draft_dir(registry, hf_dir):
     return prepare(registry.get("smollm2-135m-draft"), "hf")
 
 
-def registry_with_draft_at(path) -> ModelRegistry:  # noqa: ANN001
-    data = {"models": {
-        "target": {"display_name": "t", "family": "llama", "hf_native": True, "context_length": 2048,
-                   "artifacts": {"hf": {"source": str(ModelRegistry.from_config().get("smollm2-135m").artifact_path("hf"))}},
-                   "drafts": ["d"]},
-        "d": {"display_name": "d", "family": "llama", "hf_native": True, "context_length": 2048,
-              "artifacts": {"hf": {"source": str(path)}}, "draft_of": "target"},
-    }}  # fmt: skip
+def registry_with_draft_at(path) -> ModelRegistry:
+    data = {
+        "models": {
+            "target": {
+                "display_name": "t",
+                "family": "llama",
+                "hf_native": True,
+                "context_length": 2048,
+                "artifacts": {
+                    "hf": {"source": str(ModelRegistry.from_config().get("smollm2-135m").artifact_path("hf"))}
+                },
+                "drafts": ["d"],
+            },
+            "d": {
+                "display_name": "d",
+                "family": "llama",
+                "hf_native": True,
+                "context_length": 2048,
+                "artifacts": {"hf": {"source": str(path)}},
+                "draft_of": "target",
+            },
+        }
+    }
     return ModelRegistry.from_config(data)
 
 
@@ -68,4 +83,6 @@ def test_a_draft_of_another_architecture_is_refused(draft_dir, tmp_path):
 
 def test_ib_models_check_draft_says_compatible_or_refused(redis_url, draft_dir):
     ok = ib("models", "check-draft", "smollm2-135m", redis_url=redis_url)
-    assert ok.returncode == 0 and "compatible (49152 tokens, family llama, 8 of 30 layers)" in " ".join(ok.stdout.split())
+    assert ok.returncode == 0 and "compatible (49152 tokens, family llama, 8 of 30 layers)" in " ".join(
+        ok.stdout.split()
+    )

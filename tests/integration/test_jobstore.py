@@ -9,7 +9,7 @@ import uuid
 import pytest
 import redis
 
-from dispatcher.jobstore import JobStore
+from dispatcher.store.jobstore import JobStore
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from dispatcher.jobs import GenerationJob
-from dispatcher.settings import load_yaml
-from workers.engines.llamacpp import LlamaCppEngine, check_gguf_file
+from dispatcher.registry import load_backends
+from workers.engines.llamacpp.engine import LlamaCppEngine, check_gguf_file
 
 pytestmark = pytest.mark.integration
 
@@ -41,15 +41,32 @@ PROMPTS = [
     "Recommend a hobby for a rainy afternoon.",
 ]
 # A long shared system prompt (~500 tokens), as in a real assistant deployment.
-SYSTEM = (
-    "You are the support assistant of a bicycle shop called Spoke & Chain. "
-    + " ".join(
-        f"Rule {i}: be polite, answer briefly, mention the shop's {item} when it helps, and never invent prices."
-        for i, item in enumerate(["repair service", "opening hours", "rental bikes", "helmet range", "tyre stock",
-                                  "warranty terms", "kids' bikes", "e-bike batteries", "bike fitting", "route maps",
-                                  "brake pads", "chain oil", "gift cards", "loyalty scheme", "delivery options",
-                                  "trade-in offer", "repair queue", "lights and locks", "spare parts", "workshop classes"])
-    )  # fmt: skip
+SYSTEM = "You are the support assistant of a bicycle shop called Spoke & Chain. " + " ".join(
+    f"Rule {i}: be polite, answer briefly, mention the shop's {item} when it helps, and never invent prices."
+    for i, item in enumerate(
+        [
+            "repair service",
+            "opening hours",
+            "rental bikes",
+            "helmet range",
+            "tyre stock",
+            "warranty terms",
+            "kids' bikes",
+            "e-bike batteries",
+            "bike fitting",
+            "route maps",
+            "brake pads",
+            "chain oil",
+            "gift cards",
+            "loyalty scheme",
+            "delivery options",
+            "trade-in offer",
+            "repair queue",
+            "lights and locks",
+            "spare parts",
+            "workshop classes",
+        ]
+    )
 )
 
 
@@ -59,7 +76,7 @@ def chat(text: str, system: str | None = None) -> list[dict]:
 
 def make_engine(registry, threads: int = 2, **overrides) -> LlamaCppEngine:
     spec = registry.get(MODEL)
-    config = {**load_yaml("backends.yaml")["backends"]["llamacpp"], "max_model_len": spec.context_length, **overrides}
+    config = load_backends()["llamacpp"].for_model(spec, **overrides)
     engine = LlamaCppEngine(spec, config, threads)
     engine.load()
     return engine
@@ -89,15 +106,20 @@ def test_batched_greedy_output_matches_single_stream_up_to_near_ties(engine, reg
     positions) would pick tokens far behind the best one."""
     jobs = [job(chat(p), max_tokens=40) for p in PROMPTS]
     alone = [engine.generate(j).token_ids for j in jobs]  # one at a time
-    steps_before = engine.steps
+    steps_before = engine.stats()["steps"]
     with ThreadPoolExecutor(len(jobs)) as pool:  # all at once: 8 decode together, the rest join as others leave
         together = [o.token_ids for o in pool.map(engine.generate, jobs)]
-    steps = engine.steps - steps_before
+    steps = engine.stats()["steps"] - steps_before
     tokens = sum(len(t) for t in together)
     assert steps < tokens / 3, f"{steps} steps for {tokens} tokens: sequences were not batched"
 
-    reference = llama_cpp.Llama(model_path=str(engine.model.artifact_path("gguf")), n_ctx=512, logits_all=True,
-                                n_threads=engine.threads, verbose=False)  # fmt: skip
+    reference = llama_cpp.Llama(
+        model_path=str(engine.model.artifact_path("gguf")),
+        n_ctx=512,
+        logits_all=True,
+        n_threads=engine.threads,
+        verbose=False,
+    )
     identical = 0
     for j, a, b in zip(jobs, alone, together):
         k = first_difference(a, b)
@@ -108,7 +130,9 @@ def test_batched_greedy_output_matches_single_stream_up_to_near_ties(engine, reg
         reference.eval(engine.encode(j) + a[:k])
         logits = np.asarray(reference.scores[reference.n_tokens - 1])
         behind = logits.max() - logits[[a[k], b[k]]]
-        assert (behind < 0.5).all(), f"{j.messages[-1].content!r}: token {k} was no near-tie ({behind} logits behind the top)"
+        assert (behind < 0.5).all(), (
+            f"{j.messages[-1].content!r}: token {k} was no near-tie ({behind} logits behind the top)"
+        )
     reference.close()
     print(f"batched vs single stream: {identical}/{len(jobs)} identical over 40 tokens; the rest differ at near-ties")
     assert identical >= 3
@@ -185,7 +209,9 @@ def test_stop_strings_max_tokens_and_usage(engine):
 
 def test_seeded_sampling_is_reproducible_and_differs_by_seed(engine):
     def sample(seed: int) -> list[int]:
-        return engine.generate(job(chat("Invent a name for a planet."), max_tokens=16, temperature=1.0, seed=seed)).token_ids
+        return engine.generate(
+            job(chat("Invent a name for a planet."), max_tokens=16, temperature=1.0, seed=seed)
+        ).token_ids
 
     assert sample(7) == sample(7)
     assert len({tuple(sample(s)) for s in (1, 2, 3)}) > 1
@@ -219,12 +245,20 @@ def test_a_missing_or_non_gguf_file_is_refused(tmp_path):
         check_gguf_file(bad)
 
 
-PASSAGE = ("The committee met on Tuesday at the town hall. It agreed to repair the bridge over the river, "
-           "to open the library on Sundays, and to plant forty trees along the main street before winter.")  # fmt: skip
-SPEC_PROMPTS = [f"Repeat this text exactly: {PASSAGE}", f"{PASSAGE}\n\nCopy the second sentence.",
-                f"Quote this word for word: {PASSAGE}", f"{PASSAGE}\n\nWhat will be planted, and where?",
-                "Write a short story about a lighthouse.", "Explain photosynthesis in simple words.",
-                "List the days of the week.", "Describe the sea in two sentences."]  # fmt: skip
+PASSAGE = (
+    "The committee met on Tuesday at the town hall. It agreed to repair the bridge over the river, "
+    "to open the library on Sundays, and to plant forty trees along the main street before winter."
+)
+SPEC_PROMPTS = [
+    f"Repeat this text exactly: {PASSAGE}",
+    f"{PASSAGE}\n\nCopy the second sentence.",
+    f"Quote this word for word: {PASSAGE}",
+    f"{PASSAGE}\n\nWhat will be planted, and where?",
+    "Write a short story about a lighthouse.",
+    "Explain photosynthesis in simple words.",
+    "List the days of the week.",
+    "Describe the sea in two sentences.",
+]
 
 
 def test_prompt_lookup_speculation_keeps_greedy_output_up_to_near_ties(engine):
@@ -234,7 +268,7 @@ def test_prompt_lookup_speculation_keeps_greedy_output_up_to_near_ties(engine):
     be such a flip; copy-heavy prompts must accept drafts (fewer target passes)."""
     jobs = [job(chat(p), max_tokens=48) for p in SPEC_PROMPTS]
     plain = [engine.generate(j) for j in jobs]
-    drafted_before = engine.drafted_tokens
+    drafted_before = engine.stats()["drafted_tokens"]
     spec = [engine.generate(j.model_copy(update={"speculative": True})) for j in jobs]
     assert all(p.speculative is None for p in plain)
     for s in spec:
@@ -243,11 +277,18 @@ def test_prompt_lookup_speculation_keeps_greedy_output_up_to_near_ties(engine):
     copy = spec[:4]
     assert sum(s.speculative["accepted_tokens"] for s in copy) > sum(s.speculative["target_passes"] for s in copy)
     drafted = sum(s.speculative["drafted_tokens"] or 0 for s in spec)
-    assert drafted >= sum(s.speculative["accepted_tokens"] for s in spec) > 0  # accepted drafts are a part of the drafted ones
-    assert engine.drafted_tokens > drafted_before and engine.stats()["accepted_tokens"] > 0
+    assert (
+        drafted >= sum(s.speculative["accepted_tokens"] for s in spec) > 0
+    )  # accepted drafts are a part of the drafted ones
+    assert engine.stats()["drafted_tokens"] > drafted_before and engine.stats()["accepted_tokens"] > 0
 
-    reference = llama_cpp.Llama(model_path=str(engine.model.artifact_path("gguf")), n_ctx=512, logits_all=True,
-                                n_threads=engine.threads, verbose=False)  # fmt: skip
+    reference = llama_cpp.Llama(
+        model_path=str(engine.model.artifact_path("gguf")),
+        n_ctx=512,
+        logits_all=True,
+        n_threads=engine.threads,
+        verbose=False,
+    )
     identical = 0
     for j, p, s in zip(jobs, plain, spec):
         k = first_difference(p.token_ids, s.token_ids)
@@ -258,6 +299,8 @@ def test_prompt_lookup_speculation_keeps_greedy_output_up_to_near_ties(engine):
         reference.eval(engine.encode(j) + p.token_ids[:k])
         logits = np.asarray(reference.scores[reference.n_tokens - 1])
         behind = logits.max() - logits[[p.token_ids[k], s.token_ids[k]]]
-        assert (behind < 0.5).all(), f"{j.messages[-1].content[:40]!r}: token {k} was no near-tie ({behind} logits behind)"
+        assert (behind < 0.5).all(), (
+            f"{j.messages[-1].content[:40]!r}: token {k} was no near-tie ({behind} logits behind)"
+        )
     reference.close()
     print(f"prompt lookup vs plain: {identical}/{len(jobs)} identical over 48 tokens; the rest differ at near-ties")

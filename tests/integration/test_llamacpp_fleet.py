@@ -13,10 +13,19 @@ pytestmark = pytest.mark.integration
 
 MODEL = "smollm2-135m"
 SYSTEM = "You answer questions about the Rhine river for a travel agency. " + " ".join(
-    f"Fact {i}: the Rhine flows through {country} and boats carry {cargo} on it." for i, (country, cargo) in
-    enumerate([("Switzerland", "grain"), ("Liechtenstein", "wine"), ("Austria", "coal"), ("Germany", "steel"),
-               ("France", "cars"), ("the Netherlands", "tulips")] * 3)
-)  # fmt: skip
+    f"Fact {i}: the Rhine flows through {country} and boats carry {cargo} on it."
+    for i, (country, cargo) in enumerate(
+        [
+            ("Switzerland", "grain"),
+            ("Liechtenstein", "wine"),
+            ("Austria", "coal"),
+            ("Germany", "steel"),
+            ("France", "cars"),
+            ("the Netherlands", "tulips"),
+        ]
+        * 3
+    )
+)
 
 
 def chat(text: str, system: str | None = None) -> list[dict]:
@@ -47,8 +56,9 @@ def test_the_cpu_branch_sends_tight_latency_to_onnx_and_the_rest_to_llamacpp(cli
 
 def test_jobs_decode_together_and_each_gets_its_own_result(client, cpu_fleet):
     prompts = ["Name a river in Germany.", "What is 2 plus 2?", "Say hello in French.", "Name a fruit that is red."]
-    handles = client.submit_many({"model": MODEL, "messages": chat(p), "sampling": {"max_tokens": 24}, "backend": "llamacpp"}
-                                 for p in prompts)  # fmt: skip
+    handles = client.submit_many(
+        {"model": MODEL, "messages": chat(p), "sampling": {"max_tokens": 24}, "backend": "llamacpp"} for p in prompts
+    )
     results = [h.result(timeout=120) for h in handles]
     assert all(r.worker == cpu_fleet["llamacpp"].worker_id and r.usage.completion_tokens > 0 for r in results)
     # continuous batching: the jobs' decoding overlapped in time
@@ -58,17 +68,24 @@ def test_jobs_decode_together_and_each_gets_its_own_result(client, cpu_fleet):
 
 
 def test_a_repeated_system_prompt_is_reported_as_cached(client, cpu_fleet):
-    first = client.submit(model=MODEL, messages=chat("Which countries does it cross?", SYSTEM),
-                          sampling={"max_tokens": 8}, backend="llamacpp").result(timeout=120)  # fmt: skip
-    second = client.submit(model=MODEL, messages=chat("What do boats carry?", SYSTEM),
-                           sampling={"max_tokens": 8}, backend="llamacpp").result(timeout=120)  # fmt: skip
+    first = client.submit(
+        model=MODEL,
+        messages=chat("Which countries does it cross?", SYSTEM),
+        sampling={"max_tokens": 8},
+        backend="llamacpp",
+    ).result(timeout=120)
+    second = client.submit(
+        model=MODEL, messages=chat("What do boats carry?", SYSTEM), sampling={"max_tokens": 8}, backend="llamacpp"
+    ).result(timeout=120)
     assert first.usage.prompt_tokens > 300 and first.usage.cached_tokens == 0
     assert second.usage.cached_tokens >= first.usage.prompt_tokens - 100
     assert second.usage.cached_tokens < second.usage.prompt_tokens
 
 
 def test_context_overflow_is_typed_and_the_worker_keeps_serving(client, cpu_fleet):
-    handle = client.submit(model=MODEL, prompt="lorem ipsum dolor sit amet " * 500, sampling={"max_tokens": 8}, backend="llamacpp")
+    handle = client.submit(
+        model=MODEL, prompt="lorem ipsum dolor sit amet " * 500, sampling={"max_tokens": 8}, backend="llamacpp"
+    )
     with pytest.raises(ContextOverflowError, match="context window is 2048"):
         handle.result(timeout=60)
     ok = client.submit(model=MODEL, messages=chat("Say hello."), sampling={"max_tokens": 4}, backend="llamacpp")
@@ -87,8 +104,9 @@ def test_a_worker_with_a_bad_gguf_refuses_to_start(tmp_path, redis_url, kind):
 
 
 def test_streaming_sends_the_answer_as_it_is_generated(client, cpu_fleet):
-    handle = client.submit(model=MODEL, messages=chat("Name four seasons."), sampling={"max_tokens": 32},
-                           backend="llamacpp", stream=True)  # fmt: skip
+    handle = client.submit(
+        model=MODEL, messages=chat("Name four seasons."), sampling={"max_tokens": 32}, backend="llamacpp", stream=True
+    )
     deltas = list(handle.stream(timeout=120))
     result = handle.result(timeout=60)
     assert len(deltas) > 3 and "".join(deltas) == result.text
@@ -98,10 +116,19 @@ def test_streaming_sends_the_answer_as_it_is_generated(client, cpu_fleet):
     assert plain.result(timeout=60).status == "completed"
 
 
-
 def test_ib_submit_stream_prints_the_answer_as_it_comes(client, redis_url, cpu_fleet):
-    out = ib("submit", "--backend", "llamacpp", "-m", "Name four seasons.", "--max-tokens", "24", "--stream", "--no-wait",
-             redis_url=redis_url)  # fmt: skip
+    out = ib(
+        "submit",
+        "--backend",
+        "llamacpp",
+        "-m",
+        "Name four seasons.",
+        "--max-tokens",
+        "24",
+        "--stream",
+        "--no-wait",
+        redis_url=redis_url,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     first, _, streamed = out.stdout.partition("\n")
     assert first.startswith("job ") and "llamacpp" in first

@@ -5,13 +5,18 @@ from __future__ import annotations
 import shutil
 
 import pytest
+
 from conftest import start_worker, start_worker_with_artifact
 from dispatcher.jobs import ContextOverflowError
 
 pytestmark = pytest.mark.integration
 
 MODEL = "smollm2-135m"
-PROMPTS = ["What is the capital of France?", "Name three primary colors.", "Write one sentence about cats and dogs playing."]
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write one sentence about cats and dogs playing.",
+]
 
 
 def chat(text: str) -> list[dict]:
@@ -28,12 +33,15 @@ def onnx_worker(redis_url, onnx_dir):
 def test_greedy_fp32_equals_transformers_alone_and_in_a_dynamic_batch(client, onnx_worker, reference):
     expected = [reference(chat(p), 24) for p in PROMPTS]
     for p, exp in zip(PROMPTS, expected):
-        r = client.submit(model=MODEL, messages=chat(p), sampling={"max_tokens": 24}, backend="onnx").result(timeout=120)
+        r = client.submit(model=MODEL, messages=chat(p), sampling={"max_tokens": 24}, backend="onnx").result(
+            timeout=120
+        )
         assert r.backend == "onnx" and r.worker == onnx_worker.worker_id
         assert r.token_ids == exp, p
     # mixed-length prompts arriving together share one right-padded batch
-    handles = client.submit_many({"model": MODEL, "messages": chat(p), "sampling": {"max_tokens": 24}, "backend": "onnx"}
-                                 for p in PROMPTS)  # fmt: skip
+    handles = client.submit_many(
+        {"model": MODEL, "messages": chat(p), "sampling": {"max_tokens": 24}, "backend": "onnx"} for p in PROMPTS
+    )
     results = [h.result(timeout=120) for h in handles]
     assert len({r.timings.first_token for r in results}) < len(results)  # batched
     assert [r.token_ids for r in results] == expected
@@ -51,7 +59,9 @@ def test_the_cpu_branch_routes_by_latency_target(client, onnx_worker):
 
 
 def test_context_overflow_is_typed_and_the_worker_keeps_serving(client, onnx_worker):
-    handle = client.submit(model=MODEL, prompt="lorem ipsum dolor sit amet " * 500, sampling={"max_tokens": 8}, backend="onnx")
+    handle = client.submit(
+        model=MODEL, prompt="lorem ipsum dolor sit amet " * 500, sampling={"max_tokens": 8}, backend="onnx"
+    )
     with pytest.raises(ContextOverflowError):
         handle.result(timeout=60)
     ok = client.submit(model=MODEL, messages=chat("Say hello."), sampling={"max_tokens": 4}, backend="onnx")

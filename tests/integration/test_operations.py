@@ -15,13 +15,12 @@ import time
 import httpx
 import pytest
 import redis
-from conftest import ARTIFACTS, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from dispatcher.decision import Selection
+from conftest import ARTIFACTS, wait_for
 from dispatcher.fleet import read_fleet
-from dispatcher.jobs import GenerationJob
-from dispatcher.localfleet import WorkerProcess, free_port
+from dispatcher.jobs import GenerationJob, Selection
+from ops.localfleet import WorkerProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +40,23 @@ class UpProcess:
         env = {**os.environ, "REDIS_URL": redis_url, "IB_FLOWER_BASIC_AUTH": self.auth, "COLUMNS": "200"}
         with self.log.open("wb") as fh:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dispatcher.cli", "up", "--backend", "llamacpp", "--backend", "onnx",
-                 f"--flower-port={self.flower_port}", f"--metrics-port={self.metrics_port}"],
-                env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "ops.cli",
+                    "up",
+                    "--backend",
+                    "llamacpp",
+                    "--backend",
+                    "onnx",
+                    f"--flower-port={self.flower_port}",
+                    f"--metrics-port={self.metrics_port}",
+                ],
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.flower = f"http://127.0.0.1:{self.flower_port}"
         self.metrics = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.header = {"Authorization": "Basic " + base64.b64encode(self.auth.encode()).decode()}
@@ -81,7 +93,9 @@ def fleet_up(redis_url, onnx_dir):
 
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
     text = httpx.get(url, timeout=10).text
-    return {(s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples
+    }
 
 
 def total(samples: dict, name: str, **labels: str) -> float:
@@ -89,8 +103,15 @@ def total(samples: dict, name: str, **labels: str) -> float:
 
 
 def run_jobs(client, backend: str, n: int, max_tokens: int = 16) -> list:
-    handles = [client.submit(model=MODEL, messages=[{"role": "user", "content": f"{SECRET}: count to {i + 3}."}],
-                             sampling={"max_tokens": max_tokens}, backend=backend) for i in range(n)]  # fmt: skip
+    handles = [
+        client.submit(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"{SECRET}: count to {i + 3}."}],
+            sampling={"max_tokens": max_tokens},
+            backend=backend,
+        )
+        for i in range(n)
+    ]
     return [h.result(timeout=180) for h in handles]
 
 
@@ -101,7 +122,8 @@ def test_metrics_of_every_worker_move_with_real_jobs(client, fleet_up):
     time.sleep(2.5)  # a heartbeat samples the gauges
     after = scrape(up.metrics)
     for backend, rs in results.items():
-        def moved(name: str, **lbl: str) -> float:
+
+        def moved(name: str, backend: str = backend, **lbl: str) -> float:
             return total(after, name, backend=backend, **lbl) - total(before, name, backend=backend, **lbl)
 
         assert moved("ib_jobs_total", status="completed") == len(rs)
@@ -134,7 +156,13 @@ def _browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--window-size=1400,1000"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--window-size=1400,1000",
+    ):
         opts.add_argument(arg)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
 
@@ -166,12 +194,20 @@ def test_flower_dashboard_in_a_real_browser_shows_both_backends_and_a_finished_t
         assert SECRET not in driver.page_source
         driver.save_screenshot(str(shots / "flower-tasks.png"))
         driver.get(f"{up.flower}/task/{done[0]['uuid']}")  # its page: the summary, not the prompt
-        wait_for(lambda: "backend=llamacpp" in driver.page_source and "completion_tokens" in driver.page_source, 30, "the task page")
+        wait_for(
+            lambda: "backend=llamacpp" in driver.page_source and "completion_tokens" in driver.page_source,
+            30,
+            "the task page",
+        )
         assert SECRET not in driver.page_source
         driver.save_screenshot(str(shots / "flower-task.png"))
         driver.get(f"{up.flower}/broker")
         own = next(q for w in workers for q in w.queues if w.backend == "llamacpp" and q.count(".") == 2)
-        wait_for(lambda: "ib.llamacpp" in driver.page_source and own in driver.page_source, 60, "the queues in the broker view")
+        wait_for(
+            lambda: "ib.llamacpp" in driver.page_source and own in driver.page_source,
+            60,
+            "the queues in the broker view",
+        )
         driver.save_screenshot(str(shots / "flower-broker.png"))
     finally:
         driver.quit()
@@ -179,15 +215,21 @@ def test_flower_dashboard_in_a_real_browser_shows_both_backends_and_a_finished_t
 
 
 def test_an_unhealthy_worker_stops_taking_jobs_and_loses_none(client, fleet_up, redis_url):
-    sick = WorkerProcess("llamacpp", redis_url, extra_args=["--threads=1"], env={"IB_HEALTH_MAX_RSS_MB": "1"},
-                         log_dir=ARTIFACTS / "logs").start()  # fmt: skip
+    sick = WorkerProcess(
+        "llamacpp", redis_url, extra_args=["--threads=1"], env={"IB_HEALTH_MAX_RSS_MB": "1"}, log_dir=ARTIFACTS / "logs"
+    ).start()
     try:
         sick.wait_ready(timeout=300, healthy=False)
         wait_for(lambda: "not taking new jobs" in sick.log_path.read_text(), 60, "the worker to stop consuming")
         info = next(w for w in client.workers().workers if w.worker_id == sick.worker_id)
         assert not info.health.ok and info.health.reasons[0].startswith("worker memory")
-        listing = subprocess.run([sys.executable, "-m", "dispatcher.cli", "workers"], capture_output=True, text=True,
-                                 env={**os.environ, "COLUMNS": "400"}, timeout=60)  # fmt: skip
+        listing = subprocess.run(
+            [sys.executable, "-m", "ops.cli", "workers"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "400"},
+            timeout=60,
+        )
         assert "UNHEALTHY: worker memory" in listing.stdout, listing.stdout
         # Nothing routes to it; a job already sent to its own queue waits there...
         job = GenerationJob(model=MODEL, prompt=f"{SECRET} hello", sampling={"max_tokens": 4}, backend="llamacpp")
@@ -205,19 +247,31 @@ def test_an_unhealthy_worker_stops_taking_jobs_and_loses_none(client, fleet_up, 
 
 
 def test_explain_under_the_profile_policy_says_where_it_differs_from_the_tree(fleet_up):
-    from dispatcher import profiles
+    from dispatcher.routing import profiles
 
     book = profiles.load()
     assert book is not None, "config/profiles.json is measured by `make bench-profiles`"
     live = {"llamacpp", "onnx"}  # what `ib up` runs here; the tree's CPU default is llama.cpp
     rows = [r for r in book.rows if r.backend in live and r.hardware_kind == "cpu" and r.ttft_p50_ms <= 1000]
     expected = max(rows, key=lambda r: r.saturated_tok_s).backend
-    out = subprocess.run([sys.executable, "-m", "dispatcher.cli", "explain", "--prompt", "hi"], capture_output=True, text=True,
-                         env={**os.environ, "IB_DECISION_POLICY": "profile", "COLUMNS": "400"}, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "explain", "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "IB_DECISION_POLICY": "profile", "COLUMNS": "400"},
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"decision for smollm2-135m: {expected}" in out.stdout
     verdict = "agrees with the tree" if expected == "llamacpp" else "differs from the tree (llamacpp)"
     assert verdict in out.stdout and "measured" in out.stdout
-    plain = subprocess.run([sys.executable, "-m", "dispatcher.cli", "explain", "--prompt", "hi"], capture_output=True, text=True,
-                           env={**os.environ, "COLUMNS": "400"}, timeout=60)  # fmt: skip
-    assert "decision for smollm2-135m: llamacpp" in plain.stdout and "profile" not in plain.stdout  # the tree stays the default
+    plain = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "explain", "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "400"},
+        timeout=60,
+    )
+    assert (
+        "decision for smollm2-135m: llamacpp" in plain.stdout and "profile" not in plain.stdout
+    )  # the tree stays the default

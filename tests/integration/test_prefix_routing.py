@@ -12,26 +12,33 @@ import time
 import pytest
 
 from conftest import start_worker
-from dispatcher.prefix import PrefixHints, worker_hints_key
+from dispatcher.store import keys
+from dispatcher.store.hints import PrefixHints
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
-SYSTEM = ("You are the support assistant of a bicycle shop. You know its opening hours, its repair prices, "
-          "its rental terms and its return policy, and you answer in one short sentence. ") * 5  # fmt: skip
+SYSTEM = (
+    "You are the support assistant of a bicycle shop. You know its opening hours, its repair prices, "
+    "its rental terms and its return policy, and you answer in one short sentence. "
+) * 5
 
 
 def job(question: str, system: str = SYSTEM) -> dict:
-    return {"model": MODEL, "backend": "llamacpp", "sampling": {"max_tokens": 8},
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}  # fmt: skip
+    return {
+        "model": MODEL,
+        "backend": "llamacpp",
+        "sampling": {"max_tokens": 8},
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    }
 
 
-def affinity(handle) -> str:  # noqa: ANN001
+def affinity(handle) -> str:
     step = [s for s in handle.path if s.check == "prefix affinity"]
     assert step, handle.path
     return step[-1].answer
 
 
-def engine_stats(client, worker_id: str) -> dict:  # noqa: ANN001
+def engine_stats(client, worker_id: str) -> dict:
     return next(w.engine_stats for w in client.workers(max_age_s=0).workers if w.worker_id == worker_id)
 
 
@@ -47,7 +54,12 @@ def test_jobs_follow_their_prefix_and_a_dead_workers_hints_vanish(client, redis_
         assert blocks >= 10 and PrefixHints(client.redis).lookup(first.selection.prefix_hashes) == {holder: blocks}
 
         hits_before = engine_stats(client, holder)["prefix_hits"]
-        for q in ("How much is a tune-up?", "Can I rent a tandem?", "Do you fix e-bikes?", "What is your return policy?"):
+        for q in (
+            "How much is a tune-up?",
+            "Can I rent a tandem?",
+            "Do you fix e-bikes?",
+            "What is your return policy?",
+        ):
             h = client.submit(job(q))
             assert affinity(h) == holder and h.selection.queue == f"ib.llamacpp.{holder}"
             r = h.result(timeout=300)
@@ -66,9 +78,9 @@ def test_jobs_follow_their_prefix_and_a_dead_workers_hints_vanish(client, redis_
         sel = client.decide(stray, client.workers(max_age_s=0))
         client.enqueue([(stray, sel.model_copy(update={"queue": f"ib.llamacpp.{holder}", "affinity_worker": holder}))])
         deadline = time.monotonic() + 30
-        while client.redis.exists(worker_hints_key(holder)) and time.monotonic() < deadline:
+        while client.redis.exists(keys.worker_blocks(holder)) and time.monotonic() < deadline:
             time.sleep(0.2)  # the other worker's reaper drops the dead one's hints
-        assert not client.redis.exists(worker_hints_key(holder))
+        assert not client.redis.exists(keys.worker_blocks(holder))
         assert holder not in PrefixHints(client.redis).lookup(first.selection.prefix_hashes)
         assert client.result(stray.id, timeout=300).worker == other
         after = client.submit(job("Are you open on Sunday?"))
@@ -83,7 +95,7 @@ def test_jobs_follow_their_prefix_and_a_dead_workers_hints_vanish(client, redis_
 
 def test_the_model_tokenizer_chains_shared_system_prompts_block_by_block(registry, hf_dir, reference):
     from dispatcher.jobs import GenerationJob
-    from dispatcher.prefix import PrefixHasher, load_tokenizer
+    from dispatcher.routing.prefix import PrefixHasher, load_tokenizer
 
     spec = registry.get(MODEL)
     tok = load_tokenizer(spec)

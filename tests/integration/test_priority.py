@@ -11,8 +11,13 @@ pytestmark = pytest.mark.integration
 
 def test_interactive_jobs_jump_ahead_of_batch_jobs(client, redis_url, hf_dir):
     def job(priority: str) -> dict:
-        return {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Say hi."}],
-                "sampling": {"max_tokens": 4}, "backend": "pytorch", "priority": priority}  # fmt: skip
+        return {
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": "Say hi."}],
+            "sampling": {"max_tokens": 4},
+            "backend": "pytorch",
+            "priority": priority,
+        }
 
     assert not client.workers(max_age_s=0).live(backend="pytorch")  # both wait in the queue
     batch = [client.submit(job("batch")) for _ in range(3)]

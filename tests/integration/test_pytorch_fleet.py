@@ -14,7 +14,7 @@ from dispatcher.jobs import (
     UnknownJobError,
     UnknownModelError,
 )
-from dispatcher.jobstore import job_key
+from dispatcher.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -46,14 +46,18 @@ def test_greedy_through_the_fleet_equals_transformers_directly(client, pytorch_w
         assert result.backend == "pytorch" and result.worker == pytorch_worker.worker_id
         assert result.usage.completion_tokens == len(expected)
         assert result.finish_reason == ("stop" if expected[-1] == 2 else "length")
-        assert result.timings.submitted <= result.timings.started <= result.timings.first_token <= result.timings.finished
+        assert (
+            result.timings.submitted <= result.timings.started <= result.timings.first_token <= result.timings.finished
+        )
         # the decision path went through the tree to llama.cpp, then fell back to the live pytorch worker
         checks = [s.check for s in result.path]
         assert "GPU available?" in checks and result.path[-1].answer == "fallback pytorch"
 
 
 def test_eight_concurrent_jobs_all_complete(client, pytorch_worker, reference):
-    texts = [f"Give me a word that rhymes with {w}." for w in ["cat", "dog", "sun", "tree", "blue", "cake", "rain", "star"]]
+    texts = [
+        f"Give me a word that rhymes with {w}." for w in ["cat", "dog", "sun", "tree", "blue", "cake", "rain", "star"]
+    ]
     handles = client.submit_many({"model": MODEL, "messages": chat(t), "sampling": {"max_tokens": 16}} for t in texts)
     results = [h.result(timeout=600) for h in handles]
     assert [r.id for r in results] == [h.id for h in handles]
@@ -69,7 +73,11 @@ def test_a_short_job_is_answered_before_its_batch_ends(client, pytorch_worker):
     short, long = client.submit_many(
         [
             {"model": MODEL, "messages": chat("Say hi."), "sampling": {"max_tokens": 3}},
-            {"model": MODEL, "messages": chat("Write a very long story about a dragon."), "sampling": {"max_tokens": 64}},
+            {
+                "model": MODEL,
+                "messages": chat("Write a very long story about a dragon."),
+                "sampling": {"max_tokens": 64},
+            },
         ]
     )
     s, r = short.result(timeout=300), long.result(timeout=300)
@@ -79,15 +87,19 @@ def test_a_short_job_is_answered_before_its_batch_ends(client, pytorch_worker):
 
 
 def test_stop_string_ends_the_job_and_is_not_returned(client, pytorch_worker):
-    r = client.submit(model=MODEL, messages=chat("Count from 1 to 20, separated by commas."),
-                      sampling={"max_tokens": 60, "stop": ["5"]}).result(timeout=300)  # fmt: skip
+    r = client.submit(
+        model=MODEL,
+        messages=chat("Count from 1 to 20, separated by commas."),
+        sampling={"max_tokens": 60, "stop": ["5"]},
+    ).result(timeout=300)
     assert r.finish_reason == "stop"
     assert "5" not in r.text and r.text.strip()
 
 
 def test_cancel_stops_a_long_generation_early(client, pytorch_worker):
-    handle = client.submit(model=MODEL, messages=chat("Write a very long story about a dragon."),
-                           sampling={"max_tokens": 1500})  # fmt: skip
+    handle = client.submit(
+        model=MODEL, messages=chat("Write a very long story about a dragon."), sampling={"max_tokens": 1500}
+    )
     deadline = time.monotonic() + 120
     while handle.status() != "running" and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -107,7 +119,9 @@ def test_cancel_stops_a_long_generation_early(client, pytorch_worker):
 
 def test_a_job_cancelled_while_queued_never_runs(client, pytorch_worker):
     client.cancel("cancelled-before-pickup")
-    handle = client.submit(id="cancelled-before-pickup", model=MODEL, messages=chat("Hello"), sampling={"max_tokens": 50})
+    handle = client.submit(
+        id="cancelled-before-pickup", model=MODEL, messages=chat("Hello"), sampling={"max_tokens": 50}
+    )
     result = handle.result(timeout=60)
     assert result.status == "cancelled" and result.token_ids == [] and result.text == ""
     assert result.usage.prompt_tokens > 0 and result.timings.first_token is None
@@ -116,7 +130,7 @@ def test_a_job_cancelled_while_queued_never_runs(client, pytorch_worker):
 def test_unknown_model_is_refused_at_submit_and_nothing_is_enqueued(client, pytorch_worker):
     with pytest.raises(UnknownModelError, match="known models: smollm2-135m"):
         client.submit(id="never-enqueued-1", model="llama-9000", prompt="hi")
-    assert not client.redis.exists(job_key("never-enqueued-1"))
+    assert not client.redis.exists(keys.job("never-enqueued-1"))
 
 
 def test_bad_parameters_are_refused_at_submit(client, pytorch_worker):
@@ -124,7 +138,7 @@ def test_bad_parameters_are_refused_at_submit(client, pytorch_worker):
         client.submit(id="never-enqueued-2", model=MODEL, prompt="hi", sampling={"temperature": 9})
     with pytest.raises(UnknownBackendError, match="known backends: pytorch, vllm, tgi, llamacpp, onnx"):
         client.submit(id="never-enqueued-3", model=MODEL, prompt="hi", backend="tensorrt")
-    assert not client.redis.exists(job_key("never-enqueued-2"), job_key("never-enqueued-3"))
+    assert not client.redis.exists(keys.job("never-enqueued-2"), keys.job("never-enqueued-3"))
 
 
 def test_context_overflow_is_a_typed_error_and_the_worker_keeps_serving(client, pytorch_worker):

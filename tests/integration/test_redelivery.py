@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import start_worker
-from dispatcher.fleet import inflight_key
+from dispatcher.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ def test_job_of_a_killed_worker_is_redelivered_and_completes_exactly_once(client
             time.sleep(0.05)
         assert client.record(handle.id)["worker"] == first.worker_id
         time.sleep(1.0)  # mid-generation
-        assert client.redis.hexists(inflight_key(first.worker_id), handle.id)
+        assert client.redis.hexists(keys.inflight(first.worker_id), handle.id)
         first.kill()
         assert client.status(handle.id) == "running"  # nobody finished it
     finally:
@@ -38,7 +38,7 @@ def test_job_of_a_killed_worker_is_redelivered_and_completes_exactly_once(client
         assert result.token_ids == reference(messages, 96)  # the full answer, not a stitched one
         # the dead worker left the fleet and its in-flight list is gone
         assert first.worker_id not in [w.worker_id for w in client.workers().workers]
-        assert not client.redis.exists(inflight_key(first.worker_id))
+        assert not client.redis.exists(keys.inflight(first.worker_id))
     finally:
         second.stop()
 
@@ -51,8 +51,7 @@ def test_a_message_taken_but_never_recorded_is_put_back(client, redis_url):
     import sys
     import uuid
 
-    from dispatcher.decision import Selection
-    from dispatcher.jobs import GenerationJob
+    from dispatcher.jobs import GenerationJob, Selection
 
     # The job goes to the own queue of a worker that starts later, so that the message the
     # "dying consumer" takes is this one, whatever else earlier tests left in shared queues.

@@ -8,8 +8,10 @@ import pytest
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
-PASSAGE = ("The committee met on Tuesday at the town hall. It agreed to repair the bridge over the river, "
-           "to open the library on Sundays, and to plant forty trees along the main street before winter.")  # fmt: skip
+PASSAGE = (
+    "The committee met on Tuesday at the town hall. It agreed to repair the bridge over the river, "
+    "to open the library on Sundays, and to plant forty trees along the main street before winter."
+)
 PROMPTS = [
     ({"messages": [{"role": "user", "content": f"Repeat this text exactly: {PASSAGE}"}]}, {"max_tokens": 64}),
     ({"messages": [{"role": "user", "content": f"{PASSAGE}\n\nCopy the second sentence."}]}, {"max_tokens": 48}),
@@ -17,15 +19,20 @@ PROMPTS = [
     ({"messages": [{"role": "user", "content": "List the days of the week."}]}, {"max_tokens": 40, "stop": ["Friday"]}),
     ({"messages": [{"role": "user", "content": "What is the capital of France?"}]}, {"max_tokens": 32}),
     ({"prompt": f"{PASSAGE} In short, the committee agreed to"}, {"max_tokens": 24}),
-    ({"messages": [{"role": "user", "content": f"{PASSAGE}\n\nWhat will be planted?"}]}, {"max_tokens": 24, "stop": ["."]}),
+    (
+        {"messages": [{"role": "user", "content": f"{PASSAGE}\n\nWhat will be planted?"}]},
+        {"max_tokens": 24, "stop": ["."]},
+    ),
     ({"messages": [{"role": "user", "content": "Count from one to twenty in words."}]}, {"max_tokens": 12}),
 ]
 
 
 def test_greedy_output_is_the_same_with_and_without_speculation(client, pytorch_worker):
     def run(speculative: bool):
-        jobs = [{"model": MODEL, "backend": "pytorch", "speculative": speculative, **body, "sampling": sampling}
-                for body, sampling in PROMPTS]  # fmt: skip
+        jobs = [
+            {"model": MODEL, "backend": "pytorch", "speculative": speculative, **body, "sampling": sampling}
+            for body, sampling in PROMPTS
+        ]
         return [h.result(timeout=600) for h in client.submit_many(jobs)]
 
     plain, spec = run(False), run(True)
@@ -66,8 +73,14 @@ def test_vllm_ngram_speculation_keeps_greedy_output_and_counts_passes(client, re
     cfg = tmp_path / "config"
     shutil.copytree(config_dir(), cfg)
     backends = yaml.safe_load((cfg / "backends.yaml").read_text())
-    backends["backends"]["vllm"]["speculative"] = {"method": "ngram", "num_tokens": 5, "prompt_lookup_max": 4,
-                                                   "prompt_lookup_min": 2, "by_default": True, "engine_wide": True}  # fmt: skip
+    backends["backends"]["vllm"]["speculative"] = {
+        "method": "ngram",
+        "num_tokens": 5,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+        "by_default": True,
+        "engine_wide": True,
+    }
     (cfg / "backends.yaml").write_text(yaml.safe_dump(backends))
     worker = start_worker(redis_url, "vllm", extra_args=["--threads=2"], env={"IB_CONFIG_DIR": str(cfg)})
     try:

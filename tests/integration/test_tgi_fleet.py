@@ -10,8 +10,8 @@ import time
 import pytest
 
 from conftest import ARTIFACTS, start_worker
-from dispatcher.localfleet import LlamaCppServer
 from dispatcher.jobs import ContextOverflowError, EngineError, JobError
+from ops.localfleet import LlamaCppServer
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,12 @@ def tgi_worker(redis_url, server):
 
 
 def tgi_job(text: str, max_tokens: int) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": text}], "sampling": {"max_tokens": max_tokens}, "backend": "tgi"}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "sampling": {"max_tokens": max_tokens},
+        "backend": "tgi",
+    }
 
 
 def test_results_and_usage_come_from_the_server(client, tgi_worker):
@@ -44,7 +49,9 @@ def test_results_and_usage_come_from_the_server(client, tgi_worker):
     assert 0 < r.usage.completion_tokens <= 32
     cut = client.submit(tgi_job("Write a long story about a whale.", 5)).result(timeout=120)
     assert cut.finish_reason == "length" and cut.usage.completion_tokens == 5
-    stopped = client.submit({**tgi_job("Count from 1 to 10 with commas.", 60), "sampling": {"max_tokens": 60, "stop": ["5"]}})
+    stopped = client.submit(
+        {**tgi_job("Count from 1 to 10 with commas.", 60), "sampling": {"max_tokens": 60, "stop": ["5"]}}
+    )
     s = stopped.result(timeout=120)
     assert s.finish_reason == "stop" and "5" not in s.text and "4" in s.text
 

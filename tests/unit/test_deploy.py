@@ -21,7 +21,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dispatcher.cli import app
+from ops.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -61,13 +61,23 @@ def test_compose_runs_the_whole_fleet_with_health_restarts_volumes_and_no_secret
     for gpu in ("worker-vllm", "tgi"):
         assert services[gpu]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     text = "\n".join(line.split("#")[0] for line in (ROOT / "docker-compose.yml").read_text().splitlines())
-    assert not re.search(r"(PASSWORD|BASIC_AUTH)\s*[:=]\s*[\"']?[A-Za-z0-9]", text.replace("${", "")), "secrets belong in .env"
+    assert not re.search(r"(PASSWORD|BASIC_AUTH)\s*[:=]\s*[\"']?[A-Za-z0-9]", text.replace("${", "")), (
+        "secrets belong in .env"
+    )
 
 
 def test_kubernetes_manifests_match_the_kubernetes_schemas():
     kv = pytest.importorskip("kubernetes_validate")
     builtin = [d for d in manifests() if d["kind"] not in CRDS]
-    assert {d["kind"] for d in builtin} >= {"Namespace", "ConfigMap", "StatefulSet", "Service", "Deployment", "Job", "PersistentVolumeClaim"}
+    assert {d["kind"] for d in builtin} >= {
+        "Namespace",
+        "ConfigMap",
+        "StatefulSet",
+        "Service",
+        "Deployment",
+        "Job",
+        "PersistentVolumeClaim",
+    }
     for doc in builtin:
         kv.validate(doc, "1.33.0", strict=True)  # strict: an unknown field is an error
 
@@ -81,8 +91,15 @@ def test_custom_resources_match_their_published_crds():
     docs = [d for d in manifests() if d["kind"] in CRDS]
     scaled = next(d for d in docs if d["kind"] == "ScaledObject")
     bad = {**scaled, "metadata": {"name": "broken"}, "spec": {"triggers": "not a list"}}  # the check can fail
-    out = subprocess.run([node, "validate_crds.mjs"], cwd=tools, input="\n".join(json.dumps(d) for d in [*docs, bad]),
-                         capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()  # fmt: skip
+    out = subprocess.run(
+        [node, "validate_crds.mjs"],
+        cwd=tools,
+        input="\n".join(json.dumps(d) for d in [*docs, bad]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
     assert out[-1].startswith(f"invalid {bad['kind']}/broken")
     assert out[:-1] == [f"ok {d['kind']}/{d['metadata']['name']}" for d in docs]
     assert {d["kind"] for d in docs} == CRDS
@@ -94,7 +111,7 @@ def test_every_backend_scales_on_each_of_its_priority_queues():
     assert set(scaled) == {f"worker-{b}" for b in ("llamacpp", "onnx", "vllm", "tgi")} and set(scaled) <= deployments
     from dispatcher.settings import fleet_config
 
-    steps = sorted(set(fleet_config()["priorities"].values()))
+    steps = fleet_config().priorities.steps()
     for name, obj in scaled.items():
         backend = name.removeprefix("worker-")
         lists = [t["metadata"]["listName"] for t in obj["spec"]["triggers"]]

@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 
 from dispatcher.jobs import ContextOverflowError, GenerationJob, JobTimeoutError
-from dispatcher.registry import ModelSpec
-from workers.engines.base import Engine, EngineRequest
+from dispatcher.registry import BackendSpec, ModelSpec
+from workers.engines.base import Engine
+from workers.engines.request import EngineRequest
 
 SPEC = ModelSpec(name="m", display_name="m", family="llama", hf_native=True, context_length=32)
+CONFIG = BackendSpec(display_name="test", formats=["hf"], gpu="optional", batching="static", kv_cache="none")
 
 
-class SilentEngine(Engine):
+class SilentEngine(Engine[BackendSpec]):
     """Accepts requests and never finishes them: what a stuck engine looks like."""
 
     backend = "test"
@@ -30,7 +32,7 @@ class SilentEngine(Engine):
 
 
 def test_time_limit_raises_timeout_and_marks_the_request_aborted():
-    engine = SilentEngine(SPEC, {}, threads=1)
+    engine = SilentEngine(SPEC, CONFIG, threads=1)
     engine.load()
     with pytest.raises(JobTimeoutError):
         engine.generate(GenerationJob(model="m", prompt="abc", sampling={"max_tokens": 4}), timeout=0.05)
@@ -39,7 +41,7 @@ def test_time_limit_raises_timeout_and_marks_the_request_aborted():
 
 
 def test_context_overflow_counts_prompt_plus_max_tokens():
-    engine = SilentEngine(SPEC, {}, threads=1)
+    engine = SilentEngine(SPEC, CONFIG, threads=1)
     engine.load()
     with pytest.raises(ContextOverflowError) as info:
         engine.generate(GenerationJob(model="m", prompt="x" * 30, sampling={"max_tokens": 3}))
@@ -48,7 +50,7 @@ def test_context_overflow_counts_prompt_plus_max_tokens():
 
 
 def test_deliver_drops_eos_and_cuts_at_the_first_stop_string():
-    engine = SilentEngine(SPEC, {}, threads=1)
+    engine = SilentEngine(SPEC, CONFIG, threads=1)
     engine.eos_ids = [25]
     job = GenerationJob(model="m", prompt="x", sampling={"stop": ["d", "c"]})
     req = EngineRequest(job_id=job.id, prompt_ids=[1, 2], sampling=job.sampling, tokens=[0, 1, 2, 3, 25])

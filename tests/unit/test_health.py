@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dispatcher.fleet import FleetView, GPUHealth, Health, HealthFacts, describe_health
-from dispatcher.settings import fleet_config
-from workers.health import ConsumeGate, Thresholds, evaluate
-
+from dispatcher.fleet import FleetView, GPUHealth, Health, HealthFacts
+from dispatcher.settings import HealthSettings, fleet_config
 from tests.unit.test_decision import job, run, worker
+from workers.health import ConsumeGate, evaluate
 
-GOOD_GPU = GPUHealth(index=0, memory_used_mb=60_000, memory_total_mb=143_771, utilization_pct=97, temperature_c=55, ecc_uncorrected=0)
+GOOD_GPU = GPUHealth(
+    index=0, memory_used_mb=60_000, memory_total_mb=143_771, utilization_pct=97, temperature_c=55, ecc_uncorrected=0
+)
 
 
 def facts(**kw) -> HealthFacts:
@@ -16,19 +17,24 @@ def facts(**kw) -> HealthFacts:
     return HealthFacts(**{**base, **kw})
 
 
+LIMITS = fleet_config().health  # config/fleet.yaml's thresholds
+
+
+def limits(**changed: float) -> HealthSettings:
+    return LIMITS.model_copy(update=changed)
+
+
 def test_config_thresholds_load_and_a_healthy_gpu_worker_passes():
-    limits = Thresholds.from_config(fleet_config()["health"])
-    assert limits.max_gpu_temp_c == 90 and limits.max_rss_mb == 0
-    assert evaluate(facts(), limits) == []
+    assert LIMITS.max_gpu_temp_c == 90 and LIMITS.max_rss_mb == 0
+    assert evaluate(facts(), LIMITS) == []
 
 
 def test_each_threshold_names_its_fact():
-    limits = Thresholds(max_rss_mb=500)
     hot = GOOD_GPU.model_copy(update={"temperature_c": 93})
     full = GOOD_GPU.model_copy(update={"index": 1, "memory_used_mb": 143_700})
     ecc = GOOD_GPU.model_copy(update={"index": 2, "ecc_uncorrected": 3})
     xid = GOOD_GPU.model_copy(update={"index": 3, "xid_errors": [79, 79]})
-    reasons = evaluate(facts(ram_used_frac=0.99, gpus=[hot, full, ecc, xid]), limits)
+    reasons = evaluate(facts(ram_used_frac=0.99, gpus=[hot, full, ecc, xid]), limits(max_rss_mb=500))
     assert reasons == [
         "host RAM 99% used > 97%",
         "worker memory 900 MB > 500 MB",
@@ -41,13 +47,15 @@ def test_each_threshold_names_its_fact():
 
 def test_facts_the_driver_does_not_give_are_not_held_against_a_worker():
     blind = GPUHealth(index=0, memory_used_mb=1, memory_total_mb=80_000)  # no ECC, no temperature
-    assert evaluate(facts(gpus=[blind]), Thresholds()) == []
-    assert evaluate(facts(rss_mb=10**6), Thresholds(max_rss_mb=0)) == []  # 0: no limit
+    assert evaluate(facts(gpus=[blind]), LIMITS) == []
+    assert evaluate(facts(rss_mb=10**6), limits(max_rss_mb=0)) == []  # 0: no limit
 
 
 def test_the_gate_stops_and_restarts_consuming_once_per_change():
     calls: list[tuple[str, str]] = []
-    gate = ConsumeGate(lambda q: calls.append(("cancel", q)), lambda q: calls.append(("add", q)), ["ib.vllm", "ib.vllm.w1"])
+    gate = ConsumeGate(
+        lambda q: calls.append(("cancel", q)), lambda q: calls.append(("add", q)), ["ib.vllm", "ib.vllm.w1"]
+    )
     sick = Health(ok=False, reasons=["GPU 0 at 95 C > 90 C"])
     assert gate.update(Health()) is False
     assert gate.update(sick) is True and gate.update(sick) is False
@@ -69,7 +77,9 @@ def test_a_failed_control_call_leaves_the_gate_to_try_again():
 
 
 def test_an_unhealthy_worker_is_not_live_and_the_path_says_why():
-    sick = worker("llamacpp", False).model_copy(update={"health": Health(ok=False, reasons=["host RAM 99% used > 97%"])})
+    sick = worker("llamacpp", False).model_copy(
+        update={"health": Health(ok=False, reasons=["host RAM 99% used > 97%"])}
+    )
     fleet = FleetView(workers=[sick, worker("onnx", False)])
     assert fleet.live(backend="llamacpp") == []
     sel = run(job(), fleet)
@@ -79,8 +89,8 @@ def test_an_unhealthy_worker_is_not_live_and_the_path_says_why():
 
 
 def test_workers_table_line():
-    assert describe_health(Health(ok=False, reasons=["a", "b"])) == "UNHEALTHY: a; b"
-    assert describe_health(Health(facts=facts())).startswith("ok (rss 900 MB, RAM 40%, GPU0 60000/143771 MiB 55 C")
+    assert Health(ok=False, reasons=["a", "b"]).describe() == "UNHEALTHY: a; b"
+    assert Health(facts=facts()).describe().startswith("ok (rss 900 MB, RAM 40%, GPU0 60000/143771 MiB 55 C")
 
 
 class FakeNVML:
@@ -141,7 +151,7 @@ def test_nvml_reader_reports_each_board_and_the_xid_events_it_saw():
     assert [g.ecc_uncorrected for g in first] == [None, 2] and first[0].temperature_c == 55
     assert first[1].xid_errors == [79] and second[1].xid_errors == [79]  # kept: the board stays suspect
     assert first[0].memory_used_mb == 60_000 and first[0].utilization_pct == 97
-    assert evaluate(facts(gpus=first), Thresholds()) == ["GPU 1: 2 uncorrected ECC error(s)", "GPU 1: Xid error(s) 79"]
+    assert evaluate(facts(gpus=first), LIMITS) == ["GPU 1: 2 uncorrected ECC error(s)", "GPU 1: Xid error(s) 79"]
     reader.close()
     assert nvml.freed and nvml.shut
 

@@ -7,16 +7,27 @@ import sys
 
 import pytest
 
-from dispatcher.decision import DecisionPolicy, PathStep, Selection, apply_affinity
 from dispatcher.fleet import FleetView, HardwareInfo, WorkerInfo
-from dispatcher.prefix import chain
+from dispatcher.jobs import PathStep, Selection
+from dispatcher.routing.decision import apply_affinity
+from dispatcher.routing.prefix import chain
+from dispatcher.settings import fleet_config
+
+POLICY = fleet_config().decision
 
 
 def test_a_chain_is_stable_across_processes():
     ids = list(range(1000, 1100))
     here = chain(ids, 16, "smollm2-135m@r1", 256)
-    code = "from dispatcher.prefix import chain; print(','.join(chain(list(range(1000, 1100)), 16, 'smollm2-135m@r1', 256)))"
-    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip().split(",")
+    code = (
+        "from dispatcher.routing.prefix import chain; "
+        "print(','.join(chain(list(range(1000, 1100)), 16, 'smollm2-135m@r1', 256)))"
+    )
+    there = (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        .stdout.strip()
+        .split(",")
+    )
     assert here == there and len(here) == 6  # 100 tokens: six full blocks, the rest is not hashed
 
 
@@ -41,29 +52,51 @@ def test_max_blocks_caps_the_chain_and_text_chains_work_too():
 
 def worker(wid: str, in_flight: int = 0, capacity: int = 8) -> WorkerInfo:
     hw = HardwareInfo(kind="cpu", cpu_cores=2, ram_gb=8)
-    return WorkerInfo(worker_id=wid, backend="llamacpp", hostname="h", pid=1, hardware=hw, models=["m"],
-                      queues=[], in_flight=in_flight, capacity=capacity, started_at=0)  # fmt: skip
+    return WorkerInfo(
+        worker_id=wid,
+        backend="llamacpp",
+        hostname="h",
+        pid=1,
+        hardware=hw,
+        models=["m"],
+        queues=[],
+        in_flight=in_flight,
+        capacity=capacity,
+        started_at=0,
+    )
 
 
-SEL = Selection(backend="llamacpp", queue="ib.llamacpp", model="m", format="gguf", config={}, path=[PathStep(check="tree", answer="llamacpp")], tree_choice="llamacpp")  # fmt: skip
+SEL = Selection(
+    backend="llamacpp",
+    queue="ib.llamacpp",
+    model="m",
+    format="gguf",
+    config={},
+    path=[PathStep(check="tree", answer="llamacpp")],
+    tree_choice="llamacpp",
+)
 HASHES = [f"h{i}" for i in range(32)]
 
 
 def test_the_worker_holding_the_longest_prefix_gets_the_job():
     fleet = FleetView(workers=[worker("a"), worker("b")])
-    sel = apply_affinity(SEL, HASHES, {"a": 30, "b": 3}, fleet, DecisionPolicy())
+    sel = apply_affinity(SEL, HASHES, {"a": 30, "b": 3}, fleet, POLICY)
     assert sel.queue == "ib.llamacpp.a" and sel.affinity_worker == "a" and sel.prefix_hashes == HASHES
     assert sel.path[-1].check == "prefix affinity" and "30/32" in sel.path[-1].detail
 
 
 @pytest.mark.parametrize(
     ("matched", "loads", "why"),
-    [({}, (0, 0), "nobody holds it"), ({"a": 3}, (0, 0), "too short a match"), ({"a": 20}, (8, 0), "the holder is saturated"),
-     ({"gone": 32}, (0, 0), "the holder is not live")],
-)  # fmt: skip
+    [
+        ({}, (0, 0), "nobody holds it"),
+        ({"a": 3}, (0, 0), "too short a match"),
+        ({"a": 20}, (8, 0), "the holder is saturated"),
+        ({"gone": 32}, (0, 0), "the holder is not live"),
+    ],
+)
 def test_the_shared_queue_when_affinity_does_not_pay(matched, loads, why):
     fleet = FleetView(workers=[worker("a", loads[0]), worker("b", loads[1])])
-    sel = apply_affinity(SEL, HASHES, matched, fleet, DecisionPolicy())
+    sel = apply_affinity(SEL, HASHES, matched, fleet, POLICY)
     assert sel.queue == "ib.llamacpp" and sel.affinity_worker is None, why
     assert sel.path[-1].answer == "shared queue" and sel.prefix_hashes == HASHES
 
@@ -71,14 +104,19 @@ def test_the_shared_queue_when_affinity_does_not_pay(matched, loads, why):
 def test_load_trades_against_blocks():
     fleet = FleetView(workers=[worker("a", in_flight=4), worker("b", in_flight=0)])
     # a holds 20 blocks at half load (score 12); b holds 10 idle (score 10): a wins
-    assert apply_affinity(SEL, HASHES, {"a": 20, "b": 10}, fleet, DecisionPolicy()).affinity_worker == "a"
+    assert apply_affinity(SEL, HASHES, {"a": 20, "b": 10}, fleet, POLICY).affinity_worker == "a"
     # with a heavier penalty, b wins
-    assert apply_affinity(SEL, HASHES, {"a": 20, "b": 10}, fleet, DecisionPolicy(prefix_load_penalty_blocks=40)).affinity_worker == "b"
+    assert (
+        apply_affinity(
+            SEL, HASHES, {"a": 20, "b": 10}, fleet, POLICY.model_copy(update={"prefix_load_penalty_blocks": 40})
+        ).affinity_worker
+        == "b"
+    )
 
 
 def test_backends_without_prefix_state_are_left_alone():
     onnx = SEL.model_copy(update={"backend": "onnx", "queue": "ib.onnx"})
-    assert apply_affinity(onnx, HASHES, {"a": 32}, FleetView(workers=[worker("a")]), DecisionPolicy()) == onnx
+    assert apply_affinity(onnx, HASHES, {"a": 32}, FleetView(workers=[worker("a")]), POLICY) == onnx
 
 
 def test_ngram_drafts_continue_the_latest_earlier_repeat():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workers.prefix_cache import PrefixStateCache, common_prefix_len
+from workers.engines.prefix_cache import PrefixStateCache, common_prefix_len
 
 SYSTEM = list(range(100, 150))  # a 50-token "system prompt"
 

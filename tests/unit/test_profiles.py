@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.decision import DecisionPolicy, decide
 from dispatcher.fleet import FleetView
-from dispatcher.profile_docs import END, START, write
-from dispatcher.profiles import LLAMA2_7B, Architecture, BackendProfile, ProfileBook, estimate_memory, load, save
+from dispatcher.routing.decision import decide
+from dispatcher.routing.profiles import (
+    LLAMA2_7B,
+    Architecture,
+    BackendProfile,
+    ProfileBook,
+    estimate_memory,
+    load,
+    save,
+)
+from ops.profile_docs import END, START, write
+from tests.unit.test_decision import BACKENDS, MODELS, POLICY, job, worker
 
-from tests.unit.test_decision import BACKENDS, MODELS, ORDER, job, worker
-
-SMOLLM2 = {"num_hidden_layers": 30, "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
-           "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 8192}  # fmt: skip
+SMOLLM2 = {
+    "num_hidden_layers": 30,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+}
 
 
 def test_parameter_counts_match_the_published_sizes():
@@ -31,19 +46,40 @@ def test_memory_estimate_per_7b():
 
 
 def row(backend: str, ttft: float, tok_s: float, kind: str = "cpu", when: str = "2026-12-01") -> BackendProfile:
-    return BackendProfile(backend=backend, hardware_kind=kind, hardware="test CPU", model="all", measured_at=when,
-                          command="ib bench profiles", jobs=8, max_tokens=64, mean_completion_tokens=60,
-                          ttft_p50_ms=ttft, ttft_p95_ms=ttft * 1.5, single_stream_tok_s=tok_s / 3, saturated_tok_s=tok_s,
-                          saturated_jobs=32, memory_mb=300, memory_kind="rss",
-                          estimate_7b=estimate_memory(LLAMA2_7B, backend, kind, 8))  # fmt: skip
+    return BackendProfile(
+        backend=backend,
+        hardware_kind=kind,
+        hardware="test CPU",
+        model="all",
+        measured_at=when,
+        command="ib bench profiles",
+        jobs=8,
+        max_tokens=64,
+        mean_completion_tokens=60,
+        ttft_p50_ms=ttft,
+        ttft_p95_ms=ttft * 1.5,
+        single_stream_tok_s=tok_s / 3,
+        saturated_tok_s=tok_s,
+        saturated_jobs=32,
+        memory_mb=300,
+        memory_kind="rss",
+        estimate_7b=estimate_memory(LLAMA2_7B, backend, kind, 8),
+    )
 
 
-BOOK = ProfileBook(rows=[row("onnx", 60, 350), row("llamacpp", 120, 300), row("pytorch", 900, 500), row("vllm", 40, 9000, "gpu")])
+BOOK = ProfileBook(
+    rows=[row("onnx", 60, 350), row("llamacpp", 120, 300), row("pytorch", 900, 500), row("vllm", 40, 9000, "gpu")]
+)
 
 
 def test_the_book_merges_by_backend_and_hardware_and_round_trips(tmp_path):
     newer = BOOK.merged([row("onnx", 55, 360, when="2026-12-02")])
-    assert [(r.backend, r.hardware_kind) for r in newer.rows] == [("pytorch", "cpu"), ("llamacpp", "cpu"), ("onnx", "cpu"), ("vllm", "gpu")]
+    assert [(r.backend, r.hardware_kind) for r in newer.rows] == [
+        ("pytorch", "cpu"),
+        ("llamacpp", "cpu"),
+        ("onnx", "cpu"),
+        ("vllm", "gpu"),
+    ]
     assert newer.get("onnx", "cpu").measured_at == "2026-12-02" and newer.get("vllm", "gpu") is not None
     assert load(save(newer, tmp_path / "p.json")) == newer
     assert load(tmp_path / "missing.json") is None
@@ -61,7 +97,7 @@ def test_the_docs_section_is_replaced_in_place(tmp_path):
 
 
 def decide_with(j, fleet, book):
-    policy = DecisionPolicy(fallback_order=ORDER, policy="profile")
+    policy = POLICY.model_copy(update={"policy": "profile"})
     return decide(j, MODELS.get(j.model), fleet, policy, BACKENDS, book)
 
 
@@ -82,7 +118,10 @@ def test_profile_policy_picks_the_fastest_backend_that_meets_the_latency_target(
 
 def test_profile_policy_keeps_the_tree_when_nothing_measured_fits():
     sel = decide_with(job(slo={"latency_target_ms": 10}), CPU_FLEET, BOOK)
-    assert sel.backend == sel.tree_choice == "onnx" and "no live backend's measured TTFT p50 meets 10 ms" in sel.path[-2].detail
+    assert (
+        sel.backend == sel.tree_choice == "onnx"
+        and "no live backend's measured TTFT p50 meets 10 ms" in sel.path[-2].detail
+    )
     sel = decide_with(job(slo={"latency_target_ms": 1000}), CPU_FLEET, None)
     assert sel.backend == "llamacpp" and any("run `ib bench profiles`" in s.detail for s in sel.path)
     # a measured backend with no live worker is not a candidate (vLLM's GPU row here)

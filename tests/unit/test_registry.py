@@ -23,10 +23,19 @@ def test_smollm2_is_registered_with_its_gguf_and_derivable_hf_and_onnx():
 
 def test_derivations_chain():
     reg = ModelRegistry.from_config(
-        {"models": {"m": {"display_name": "m", "family": "llama", "hf_native": True, "context_length": 8,
-                          "artifacts": {"gguf": {"source": "/x"}},
-                          "derive": {"onnx": {"from": "hf"}, "hf": {"from": "gguf"}}}}}
-    )  # fmt: skip
+        {
+            "models": {
+                "m": {
+                    "display_name": "m",
+                    "family": "llama",
+                    "hf_native": True,
+                    "context_length": 8,
+                    "artifacts": {"gguf": {"source": "/x"}},
+                    "derive": {"onnx": {"from": "hf"}, "hf": {"from": "gguf"}},
+                }
+            }
+        }
+    )
     assert reg.get("m").formats() == {"gguf": "artifact", "hf": "derived from gguf", "onnx": "derived from hf"}
 
 
@@ -62,4 +71,6 @@ def test_a_reference_to_an_unregistered_model_is_a_config_error():
     with pytest.raises(ValueError, match="refers to 'ghost'"):
         ModelRegistry.from_config({"models": {"m": {**base, "drafts": ["ghost"]}}})
     with pytest.raises(ValueError, match="refers to 'ghost'"):
-        ModelRegistry.from_config({"models": {"d": {**base, "derive": {"hf": {"from": "hf", "model": "ghost", "layers": 2}}}}})
+        ModelRegistry.from_config(
+            {"models": {"d": {**base, "derive": {"hf": {"from": "hf", "model": "ghost", "layers": 2}}}}}
+        )

@@ -12,69 +12,47 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Generic, TypeVar
 
-from dispatcher.jobs import ContextOverflowError, EngineError, GenerationJob, JobTimeoutError, SamplingParams
-from dispatcher.registry import ModelSpec
+from dispatcher.jobs import ContextOverflowError, GenerationJob, JobTimeoutError
+from dispatcher.registry import BackendSpec, ModelSpec, SpeculativeConfig
 from workers.engines.decoding import first_stop
+from workers.engines.request import CancelSource, EngineOutput, EngineRequest, never_cancelled
 
 log = logging.getLogger(__name__)
 
-CancelSource = Callable[[list[str]], set[str]]
+
+def speculative_counts(r: EngineRequest, method: str) -> dict[str, Any]:
+    """What a speculative job's result says of its run: target passes, tokens accepted
+    beyond one a pass, and tokens drafted where the engine knows it."""
+    return {
+        "method": method,
+        "target_passes": r.target_passes,
+        "accepted_tokens": max(0, len(r.tokens) - r.target_passes),
+        "drafted_tokens": r.drafted_tokens,
+    }
 
 
 class ModelArtifactError(ValueError):
     """A model artifact exists but cannot be what the engine needs (wrong file type)."""
 
 
-def never_cancelled(job_ids: list[str]) -> set[str]:
-    return set()
+SpecT = TypeVar("SpecT", bound=BackendSpec)
 
 
-@dataclass
-class EngineOutput:
-    token_ids: list[int]
-    text: str
-    finish_reason: str  # stop | length | cancelled
-    prompt_tokens: int
-    first_token_at: float | None
-    finished_at: float
-    cached_tokens: int = 0  # prompt tokens served from a prefix cache
-    completion_tokens: int | None = None  # when the engine has no token ids (a remote server's usage)
-    speculative: dict[str, Any] | None = None  # method, target passes, accepted tokens
+class Engine(ABC, Generic[SpecT]):
+    """``config`` is the backend's typed spec (config/backends.yaml) with what the worker
+    filled in at start (device, format, max_model_len)."""
 
-
-@dataclass(eq=False)
-class EngineRequest:
-    """A job inside an engine: its prompt ids and where to deliver the output."""
-
-    job_id: str
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    future: Future = field(default_factory=Future)
-    tokens: list[int] = field(default_factory=list)
-    first_token_at: float | None = None
-    finish_reason: str | None = None
-    aborted: bool = False  # set when the caller gave up (time limit): the engine drops it
-    cached_tokens: int = 0  # prompt tokens whose KV state came from a prefix cache
-    on_text: Callable[[str], None] | None = None  # streaming: receives text deltas
-    streamed: int = 0  # characters of text already sent to on_text
-    speculative: dict[str, Any] | None = None  # the engine's speculative config, if it applies to this job
-    target_passes: int = 0  # speculative: forward passes of the target model
-    drafted_tokens: int | None = None  # speculative: tokens proposed, where the engine knows it
-
-
-class Engine(ABC):
     backend: str = ""
 
     def __init__(
         self,
         model: ModelSpec,
-        config: dict[str, Any],
+        config: SpecT,
         threads: int,
         cancel_source: CancelSource = never_cancelled,
     ) -> None:
@@ -82,7 +60,7 @@ class Engine(ABC):
         self.config = config
         self.threads = threads
         self.cancel_source = cancel_source
-        self.max_model_len = int(config.get("max_model_len") or model.context_length)
+        self.max_model_len = config.max_model_len or model.context_length
         self._in_flight = 0
         self._lock = threading.Lock()
 
@@ -92,7 +70,7 @@ class Engine(ABC):
     def load(self) -> None:
         """Load weights and start the scheduler. Called once per worker process."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook: engines without a scheduler need none
+    def close(self) -> None:
         """Stop the scheduler and free the model."""
 
     @property
@@ -144,9 +122,7 @@ class Engine(ABC):
                 first_token_at=r.first_token_at,
                 finished_at=time.time(),
                 cached_tokens=r.cached_tokens,
-                speculative=None if r.speculative is None else {
-                    "method": r.speculative["method"], "target_passes": r.target_passes,
-                    "accepted_tokens": max(0, len(r.tokens) - r.target_passes), "drafted_tokens": r.drafted_tokens},
+                speculative=None if r.speculative is None else speculative_counts(r, r.speculative.method),
             )
         )
 
@@ -162,13 +138,13 @@ class Engine(ABC):
 
     supports_speculative = False  # engines that verify drafted tokens set this
 
-    def speculative_for(self, job: GenerationJob) -> dict[str, Any] | None:
+    def speculative_for(self, job: GenerationJob) -> SpeculativeConfig | None:
         """The engine's speculative config if it applies: the engine verifies drafts, the
         job did not opt out (and asked, unless the config is on by default), greedy."""
-        cfg = self.config.get("speculative")
-        if not cfg or not self.supports_speculative or job.speculative is False or not job.sampling.greedy:
+        cfg = self.config.speculative
+        if cfg is None or not self.supports_speculative or job.speculative is False or not job.sampling.greedy:
             return None
-        return cfg if (job.speculative or cfg.get("by_default")) else None
+        return cfg if (job.speculative or cfg.by_default) else None
 
     def check_context(self, job: GenerationJob, prompt_ids: list[int]) -> None:
         need = len(prompt_ids) + job.sampling.max_tokens
@@ -176,7 +152,11 @@ class Engine(ABC):
             raise ContextOverflowError(
                 f"this model's context window is {self.max_model_len} tokens; the job needs {need}"
                 f" ({len(prompt_ids)} in the prompt + max_tokens {job.sampling.max_tokens})",
-                {"context_length": self.max_model_len, "prompt_tokens": len(prompt_ids), "max_tokens": job.sampling.max_tokens},
+                {
+                    "context_length": self.max_model_len,
+                    "prompt_tokens": len(prompt_ids),
+                    "max_tokens": job.sampling.max_tokens,
+                },
             )
 
     def generate(
@@ -187,8 +167,13 @@ class Engine(ABC):
         the text as it is generated, in deltas."""
         prompt_ids = self.encode(job)
         self.check_context(job, prompt_ids)
-        request = EngineRequest(job_id=job.id, prompt_ids=prompt_ids, sampling=job.sampling, on_text=on_text,
-                                speculative=self.speculative_for(job))  # fmt: skip
+        request = EngineRequest(
+            job_id=job.id,
+            prompt_ids=prompt_ids,
+            sampling=job.sampling,
+            on_text=on_text,
+            speculative=self.speculative_for(job),
+        )
         with self.counted_in_flight():
             self.submit(request)
             try:
@@ -214,14 +199,6 @@ class Engine(ABC):
         """Ask the cancel source; a broken source (Redis blip) cancels nothing."""
         try:
             return self.cancel_source(job_ids) if job_ids else set()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("cancel check failed; continuing", exc_info=True)
             return set()
-
-
-def fail_requests(requests: list[EngineRequest], exc: BaseException) -> None:
-    """Fail every unfinished request of a batch with a typed EngineError."""
-    err = exc if isinstance(exc, EngineError) else EngineError(f"{type(exc).__name__}: {exc}")
-    for r in requests:
-        if not r.future.done():
-            r.future.set_exception(err)

@@ -11,28 +11,30 @@ from __future__ import annotations
 import logging
 import threading
 from abc import abstractmethod
-from typing import Any
+from typing import Any, TypeVar
 
-from workers.batching import BatchQueue
-from workers.engines.base import Engine, EngineRequest, fail_requests
+from dispatcher.registry import OnnxSpec, PyTorchSpec
+from workers.engines.base import Engine
+from workers.engines.batching import BatchQueue
 from workers.engines.decoding import batch_key
 from workers.engines.hf_tokens import HFTokenizerMixin
+from workers.engines.request import EngineRequest, fail_requests
 
 log = logging.getLogger(__name__)
 
+BatchedSpec = TypeVar("BatchedSpec", PyTorchSpec, OnnxSpec)
 
-class BatchedEngine(HFTokenizerMixin, Engine):
+
+class BatchedEngine(HFTokenizerMixin, Engine[BatchedSpec]):
     batching = "static"
-    default_batch_size = 8
-    default_max_wait_ms = 20.0
 
     @property
     def batch_size(self) -> int:
-        return int(self.config.get("batch_size", self.default_batch_size))
+        return self.config.batch_size
 
     @property
     def max_wait_s(self) -> float:
-        return float(self.config.get("max_wait_ms", self.default_max_wait_ms)) / 1000
+        return self.config.max_wait_ms / 1000
 
     @property
     def capacity(self) -> int:
@@ -40,8 +42,12 @@ class BatchedEngine(HFTokenizerMixin, Engine):
         return 2 * self.batch_size
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "batching": self.batching, "batch_size": self.batch_size,
-                "max_wait_ms": self.max_wait_s * 1000}  # fmt: skip
+        return {
+            **super().describe(),
+            "batching": self.batching,
+            "batch_size": self.batch_size,
+            "max_wait_ms": self.max_wait_s * 1000,
+        }
 
     def start_scheduler(self) -> None:
         """Call at the end of load(), once the model is ready."""
@@ -63,7 +69,7 @@ class BatchedEngine(HFTokenizerMixin, Engine):
                 batch = self.drop_cancelled(batch)  # cancelled while waiting: never reaches the model
                 if batch:
                     self.run_batch(batch)
-            except Exception as exc:  # noqa: BLE001 - a bad batch must not stop the engine
+            except Exception as exc:  # a bad batch must not stop the engine
                 log.exception("batch of %d failed", len(batch))
                 fail_requests(batch, exc)
 

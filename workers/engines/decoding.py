@@ -9,10 +9,22 @@ once, while the rest of its batch decodes on.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Hashable
+from collections.abc import Hashable
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from workers.engines.base import Engine, EngineRequest
+from workers.engines.request import EngineRequest
+
+
+class Decoder(Protocol):
+    """What these helpers need of an engine (workers.engines.base.Engine has it all)."""
+
+    eos_ids: list[int]
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    def cancelled(self, job_ids: list[str]) -> set[str]: ...
+
+    def deliver(self, r: EngineRequest) -> None: ...
 
 
 def first_stop(text: str, stops: list[str]) -> int | None:
@@ -31,7 +43,7 @@ def batch_key(request: EngineRequest) -> Hashable:
     return ("sample", s.temperature, s.top_p, s.seed if s.seed is None else (s.seed, request.job_id))
 
 
-def append_token(engine: Engine, req: EngineRequest, tok: int, eos: set[int], now: float | None = None) -> str | None:
+def append_token(engine: Decoder, req: EngineRequest, tok: int, eos: set[int], now: float | None = None) -> str | None:
     """Record one generated token (produced at ``now``: one time for a whole batch step);
     returns why the request ends ("stop" / "length"), if it does."""
     req.tokens.append(tok)
@@ -50,7 +62,7 @@ def append_token(engine: Engine, req: EngineRequest, tok: int, eos: set[int], no
     return None
 
 
-def stream_text(engine: Engine, req: EngineRequest, text: str | None = None) -> None:
+def stream_text(engine: Decoder, req: EngineRequest, text: str | None = None) -> None:
     """Send the request's new text (``text``: its tokens decoded, if the caller has it)
     to its on_text, holding back what may still change: a character whose bytes are not
     all generated yet, and a tail that could be the start of a stop string (deliver()
@@ -70,7 +82,7 @@ def stream_text(engine: Engine, req: EngineRequest, text: str | None = None) -> 
 
 
 class BatchProgress:
-    def __init__(self, engine: Engine, requests: list[EngineRequest]) -> None:
+    def __init__(self, engine: Decoder, requests: list[EngineRequest]) -> None:
         self.engine = engine
         self.requests = requests
         self.done = [False] * len(requests)

@@ -19,9 +19,10 @@ import numpy as np
 import onnxruntime_genai as og
 from transformers import AutoTokenizer
 
-from workers.engines.base import EngineRequest
+from dispatcher.registry import OnnxSpec
 from workers.engines.batched import BatchedEngine
 from workers.engines.decoding import BatchProgress
+from workers.engines.request import EngineRequest
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,12 @@ def check_onnx_folder(path: Path) -> None:
         raise FileNotFoundError(f"ONNX model folder {path} is missing {', '.join(missing)}")
 
 
-class OnnxEngine(BatchedEngine):
+class OnnxEngine(BatchedEngine[OnnxSpec]):
     backend = "onnx"
     batching = "dynamic"
-    default_batch_size = 16
-    default_max_wait_ms = 10.0
 
     def load(self) -> None:
-        self.format = self.config.get("format", "onnx")
+        self.format = self.config.format or "onnx"
         path = self.model.artifact_path(self.format)
         check_onnx_folder(path)
         t0 = time.monotonic()
@@ -55,7 +54,13 @@ class OnnxEngine(BatchedEngine):
         self.pad_id = int(genai.get("pad_token_id", self.eos_ids[0]))
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.start_scheduler()
-        log.info("onnx engine: %s (%s), %d threads, loaded in %.1f s", self.model.name, self.format, self.threads, time.monotonic() - t0)
+        log.info(
+            "onnx engine: %s (%s), %d threads, loaded in %.1f s",
+            self.model.name,
+            self.format,
+            self.threads,
+            time.monotonic() - t0,
+        )
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "format": getattr(self, "format", None)}

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria
 
-from workers.engines.base import EngineRequest
+from dispatcher.registry import PyTorchSpec
 from workers.engines.batched import BatchedEngine
 from workers.engines.decoding import BatchProgress
+from workers.engines.request import EngineRequest
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +44,16 @@ class BatchMonitor(StoppingCriteria):
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
-class PyTorchEngine(BatchedEngine):
+class PyTorchEngine(BatchedEngine[PyTorchSpec]):
     backend = "pytorch"
     batching = "static"
     supports_speculative = True  # transformers' assisted generation: a draft model, or prompt lookup
-    default_batch_size = 8
-    default_max_wait_ms = 20.0
 
     def load(self) -> None:
         path = self.model.artifact_path("hf")
         torch.set_num_threads(self.threads)
-        self.device = self.config.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = getattr(torch, self.config.get("dtype", "float32"))
+        self.device = self.config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = getattr(torch, self.config.dtype)
         t0 = time.monotonic()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
@@ -64,12 +63,18 @@ class PyTorchEngine(BatchedEngine):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.draft_model = self._load_draft(dtype)
         self.start_scheduler()
-        log.info("pytorch engine: %s on %s, %d threads, loaded in %.1f s", self.model.name, self.device, self.threads, time.monotonic() - t0)
+        log.info(
+            "pytorch engine: %s on %s, %d threads, loaded in %.1f s",
+            self.model.name,
+            self.device,
+            self.threads,
+            time.monotonic() - t0,
+        )
 
     def _load_draft(self, dtype: torch.dtype) -> Any | None:
         """The registered draft model, checked against this one, when the config drafts with one."""
-        spec = self.config.get("speculative") or {}
-        if spec.get("method") != "draft":
+        spec = self.config.speculative
+        if spec is None or spec.method != "draft":
             return None
         from dispatcher.drafts import check_draft
         from dispatcher.registry import ModelRegistry
@@ -80,7 +85,7 @@ class PyTorchEngine(BatchedEngine):
         check_draft(self.model, drafts[0])
         draft = AutoModelForCausalLM.from_pretrained(drafts[0].artifact_path("hf"), dtype=dtype).to(self.device).eval()
         gen = draft.generation_config  # a fixed number of drafted tokens per pass, every pass
-        gen.num_assistant_tokens = int(spec.get("num_tokens", 4))
+        gen.num_assistant_tokens = spec.num_tokens
         gen.num_assistant_tokens_schedule = "constant"
         gen.assistant_confidence_threshold = 0.0
         return draft
@@ -109,9 +114,9 @@ class PyTorchEngine(BatchedEngine):
             torch.manual_seed(s.seed)
         spec = batch[0].speculative  # a speculative request runs alone (decoding.batch_key)
         extra: dict[str, Any] = {}
-        if spec and spec["method"] == "ngram":
-            extra["prompt_lookup_num_tokens"] = int(spec.get("num_tokens", 10))
-        elif spec and spec["method"] == "draft" and self.draft_model is not None:
+        if spec is not None and spec.method == "ngram":
+            extra["prompt_lookup_num_tokens"] = spec.num_tokens
+        elif spec is not None and spec.method == "draft" and self.draft_model is not None:
             extra["assistant_model"] = self.draft_model
         progress = BatchProgress(self, batch)
         with torch.inference_mode():

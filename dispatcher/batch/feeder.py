@@ -1,0 +1,211 @@
+"""The batch feeder: staged batch lines → the engines' queues, with backpressure.
+
+One feeder works at a time in the whole fleet, holding a lease in Redis that it renews
+as it goes: every worker runs one in a thread (``batch.feeder_in_workers``) and
+``ib batch feed`` runs one alone, so batches move on whichever processes are alive. A
+feeder that dies stops renewing; another takes over within ``lease_s``.
+
+Each tick, per active batch, oldest first:
+- in_progress: decide the next lines with the dispatcher's decision tree (per line, on
+  the live fleet as it is now) and enqueue them, while the lines of all batches waiting
+  in queues stay under ``max_queued``: the broker's queues never hold a whole file;
+- cancelling: record ``batch_cancelled`` for lines never fed (the cancel call usually has);
+  after ``cancel_grace_s``, for any line no worker has answered;
+- past its completion window: ``expired``, unfinished lines recorded ``batch_expired``;
+- validating with no progress for ``validation_stale_s``: the submitter is gone, ``failed``.
+
+A line is fed as: claim its job record (id ``<batch>-<line>``: never two records), send it,
+mark it sent, move the cursor. A feeder that dies in between leaves the cursor where it
+was; the next one re-reads those lines and sends only those never marked sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import redis
+
+from dispatcher.batch.format import job_error_record
+from dispatcher.jobs import GenerationJob, JobError, NoLiveWorkerError, Selection
+from dispatcher.store.batchstore import FINAL_STATUSES
+from dispatcher.store.keys import FEEDER_LEASE
+
+if TYPE_CHECKING:
+    from dispatcher.client import Client
+
+log = logging.getLogger(__name__)
+
+_LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not holder then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class BatchFeeder:
+    def __init__(self, client: Client, owner: str) -> None:
+        self.client = client
+        self.batches = client.batches
+        self.store = client.batches.store
+        self.owner = owner
+        cfg = self.batches.cfg
+        self.max_queued = cfg.max_queued
+        self.chunk = cfg.feed_chunk
+        self.interval_s = cfg.feed_interval_s
+        self.lease_ms = int(cfg.feeder_lease_s * 1000)
+        self.stale_s = cfg.validation_stale_s
+        self.cancel_grace_s = cfg.cancel_grace_s
+        self._lease = client.redis.register_script(_LEASE)
+        self._release = client.redis.register_script(_RELEASE)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------- the loop
+
+    def holds_lease(self) -> bool:
+        return bool(self._lease(keys=[FEEDER_LEASE], args=[self.owner, self.lease_ms]))
+
+    def run(self, once: bool = False) -> None:
+        """Feed until stopped; ``once``: until a tick finds nothing to do."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                worked = self.tick() if self.holds_lease() else 0
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - the broker restarting: wait for it
+                failures += 1
+                log.warning("batch feeder: %s: %s; retrying", type(exc).__name__, exc)
+                worked = 0
+            if once and not worked:
+                break
+            self._stop.wait(0 if worked else min(self.interval_s * (1 + failures), 5.0))
+        try:
+            self._release(keys=[FEEDER_LEASE], args=[self.owner])
+        except redis.RedisError:
+            pass  # the lease lapses by itself
+
+    def start(self) -> BatchFeeder:
+        self._thread = threading.Thread(target=self._run_logged, name="batch-feeder", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run_logged(self) -> None:
+        try:
+            self.run()
+        except Exception:  # a feeder bug must not take the worker down
+            log.exception("batch feeder stopped")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------- one tick
+
+    def tick(self) -> int:
+        """One pass over the active batches; returns how much it did (lines fed or recorded)."""
+        ids = self.store.ids(active_only=True, newest_first=False)
+        if not ids:
+            return 0
+        records = self.store.get_many(ids)
+        now = time.time()
+        queued = sum(_outstanding(h) for h in records if h.get("status") == "in_progress")
+        room = self.max_queued - queued
+        work = 0
+        for batch_id, h in zip(ids, records):
+            status = h.get("status")
+            if not h:
+                self.store.forget(batch_id)  # its record expired
+            elif status in FINAL_STATUSES:
+                self.store.deactivate(batch_id)
+            elif now > float(h["expires_at"]):
+                work += self.expire(batch_id)
+            elif "total" not in h:  # still being validated
+                if now - float(h["touched"]) > self.stale_s:
+                    log.warning("batch %s: validation stalled; the submitter is gone", batch_id)
+                    self.store.fail(
+                        batch_id,
+                        [
+                            {
+                                "code": "validation_abandoned",
+                                "message": f"validation stopped after line {h.get('max_line', 0)}: "
+                                "the submitting client went away",
+                            }
+                        ],
+                    )
+            elif status == "cancelling":
+                work += self.finish_cancel(batch_id, h, now)
+            elif status == "in_progress" and room > 0:
+                fed = self.feed(batch_id, h, min(room, self.chunk))
+                room -= fed
+                work += fed
+        return work
+
+    def feed(self, batch_id: str, h: dict[str, str], n: int) -> int:
+        """Decide and enqueue the next ``n`` staged lines of a batch, in order."""
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        fed, staged = int(h.get("fed", 0)), int(h.get("staged", 0))
+        lines = self.store.staged(batch_id, fed, min(staged, fed + n))
+        if not lines:
+            return 0
+        fleet = self.client.workers()
+        now = time.time()
+        ready: list[tuple[GenerationJob, Selection]] = []
+        refused: list[tuple[GenerationJob, JobError]] = []
+        for _, job_json in lines:
+            job = GenerationJob.model_validate_json(job_json)
+            job.submitted_at = now  # queue wait and TTFT count from the feed, not from upload
+            try:
+                ready.append((job, self.client.decide(job, fleet)))
+            except NoLiveWorkerError:
+                break  # policy reject: wait for a worker, keeping the order
+            except JobError as exc:
+                refused.append((job, exc))
+        taken = len(ready) + len(refused)
+        if not taken:
+            return 0
+        self.client.enqueue(ready, resume=True)
+        for job, exc in refused:
+            record = job_error_record(job.custom_id or "", job.id, exc)
+            self.store.record_line(batch_id, job.batch_line or 0, record, "failed", fed=True)
+        backends: dict[str, int] = {}
+        for _, sel in ready:
+            backends[sel.backend] = backends.get(sel.backend, 0) + 1
+        self.store.advance(
+            batch_id, fed + taken, backends, feed_s=time.perf_counter() - t0, feed_cpu_s=time.thread_time() - cpu0
+        )
+        return taken
+
+    def finish_cancel(self, batch_id: str, h: dict[str, str], now: float) -> int:
+        if "drained_at" not in h:
+            return self.batches.drop_unfed(batch_id)
+        if now - float(h.get("cancelling_at", now)) > self.cancel_grace_s:
+            message = f"the batch was cancelled and no worker answered this request within {self.cancel_grace_s:g} s"
+            return self.batches.record_staged(batch_id, "batch_cancelled", message)
+        return 0
+
+    def expire(self, batch_id: str) -> int:
+        """Past the completion window: what finished stays; the rest is recorded expired."""
+        log.warning("batch %s: completion window over; expiring the unfinished lines", batch_id)
+        self.store.transition(batch_id, "expired", ("validating", "in_progress", "cancelling"))
+        self.client.store.request_cancel(batch_id)
+        return (
+            self.batches.record_staged(
+                batch_id, "batch_expired", "the batch's completion window ended before this request ran"
+            )
+            or 1
+        )
+
+
+def _outstanding(h: dict[str, str]) -> int:
+    """Lines of a batch handed to the queues and not recorded yet."""
+    return int(h.get("fed", 0)) - int(h.get("fed_done", 0))

@@ -1,0 +1,331 @@
+"""The seed's backend decision tree, as a pure function that says which way it went.
+
+    GPU available?  no  → latency target < 100 ms?          yes → ONNX Runtime, no → llama.cpp
+                    yes → throughput target > 1000 tok/s?   yes → vLLM
+                          no → Hugging Face native model?   yes → TGI, no → PyTorch eager
+
+Hard constraints wrap the tree: a backend must be able to run one of the model's formats
+(artifact or derivable), and it should have a live worker for the model (policy
+``queue`` | ``fallback`` | ``reject``). Every question and constraint becomes a PathStep,
+so ``ib explain`` and each JobResult can show why a job went where it went.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dispatcher.celery_app import own_queue_for, queue_for
+from dispatcher.fleet import FleetView, WorkerInfo
+from dispatcher.jobs import BACKENDS, GenerationJob, NoLiveWorkerError, PathStep, Selection, UnsupportedByBackendError
+from dispatcher.registry import BackendSpec, ModelSpec, SpeculativeConfig
+from dispatcher.routing.profiles import ProfileBook
+from dispatcher.settings import DecisionPolicy
+
+
+def needs(spec: BackendSpec) -> str:
+    """The formats a backend runs, as a path step or an error says them."""
+    return " or ".join(spec.formats)
+
+
+def latency_target(job: GenerationJob, policy: DecisionPolicy) -> tuple[float, str]:
+    """The job's latency target and where it came from (its SLO, or the fleet default)."""
+    if job.slo.latency_target_ms is not None:
+        return job.slo.latency_target_ms, "job SLO"
+    return policy.default_latency_target_ms, "fleet default"
+
+
+def tree(job: GenerationJob, model: ModelSpec, fleet: FleetView, policy: DecisionPolicy) -> tuple[str, list[PathStep]]:
+    """The seed's tree exactly as drawn: returns the leaf and the questions asked."""
+    path: list[PathStep] = []
+    if job.hardware is not None:
+        gpu = job.hardware == "gpu"
+        path.append(PathStep(check="GPU available?", answer="yes" if gpu else "no", detail=f"job hint: {job.hardware}"))
+    else:
+        gpu_workers = fleet.live(model=model.name, gpu=True)
+        gpu = bool(gpu_workers)
+        detail = (
+            f"{len(gpu_workers)} live GPU worker(s) serve {model.name}"
+            if gpu
+            else f"no live GPU worker serves {model.name}"
+        )
+        path.append(PathStep(check="GPU available?", answer="yes" if gpu else "no", detail=detail))
+
+    if not gpu:
+        target, source = latency_target(job, policy)
+        fast = target < policy.latency_threshold_ms
+        path.append(
+            PathStep(
+                check=f"latency target < {policy.latency_threshold_ms:g} ms?",
+                answer="yes" if fast else "no",
+                detail=f"{target:g} ms, {source}",
+            )
+        )
+        return ("onnx" if fast else "llamacpp"), path
+
+    target = job.slo.throughput_target_tok_s
+    source = "job SLO" if target is not None else "fleet default"
+    target = target if target is not None else policy.default_throughput_target_tok_s
+    high = target > policy.throughput_threshold_tok_s
+    path.append(
+        PathStep(
+            check=f"throughput target > {policy.throughput_threshold_tok_s:g} tok/s?",
+            answer="yes" if high else "no",
+            detail=f"{target:g} tok/s, {source}",
+        )
+    )
+    if high:
+        return "vllm", path
+    path.append(
+        PathStep(
+            check="Hugging Face native model?",
+            answer="yes" if model.hf_native else "no",
+            detail=f"{model.name}: family {model.family}",
+        )
+    )
+    return ("tgi" if model.hf_native else "pytorch"), path
+
+
+def decide(
+    job: GenerationJob,
+    model: ModelSpec,
+    fleet: FleetView,
+    policy: DecisionPolicy,
+    backends: dict[str, BackendSpec],
+    profile: ProfileBook | None = None,
+) -> Selection:
+    """Pick the backend, queue and engine config for one job. Pure: no I/O."""
+    formats = model.formats()
+    runnable = {b: f for b in BACKENDS for f in backends[b].formats if f in formats}
+    path = [
+        PathStep(
+            check="formats",
+            answer=", ".join(f"{f} ({how})" for f, how in formats.items()),
+            detail="runnable on " + ", ".join(runnable) if runnable else "no backend can run them",
+        )
+    ]
+
+    if job.backend is not None:
+        if job.backend not in runnable:
+            raise UnsupportedByBackendError(
+                f"backend {job.backend} needs a {needs(backends[job.backend])} artifact; "
+                f"{model.name} has {', '.join(formats) or 'none'} "
+                f"(backends that can run it: {', '.join(runnable) or 'none'})",
+                {"backend": job.backend, "formats": list(formats), "runnable": list(runnable)},
+            )
+        choice = tree_choice = job.backend
+        path.append(PathStep(check="backend override", answer=choice, detail="the job named its backend; tree skipped"))
+    else:
+        tree_choice, steps = tree(job, model, fleet, policy)
+        path += steps
+        path.append(PathStep(check="tree", answer=tree_choice))
+        choice = tree_choice
+        if choice not in runnable:
+            alternatives = [b for b in policy.fallback_order.get(choice, []) if b in runnable]
+            if not alternatives:
+                raise UnsupportedByBackendError(
+                    f"{model.name} cannot run on {tree_choice} and no fallback can run its formats",
+                    {"backend": tree_choice, "formats": list(formats)},
+                )
+            choice = alternatives[0]
+            path.append(
+                PathStep(
+                    check="format constraint",
+                    answer=choice,
+                    detail=f"{tree_choice} needs {needs(backends[tree_choice])}, which {model.name} lacks",
+                )
+            )
+
+    if job.backend is None and policy.policy == "profile":
+        choice = _profile_choice(job, model, fleet, policy, runnable, choice, profile, path)
+    choice = _apply_liveness(job, model, fleet, policy, runnable, choice, path)
+    spec = backends[choice]
+    speculative = _speculative(job, spec, path)
+    # model_copy: both values are already valid, and this runs once per submitted job
+    config = spec.model_copy(update={"max_model_len": model.context_length, "speculative": speculative}).engine_config()
+    return Selection(
+        backend=choice,
+        queue=queue_for(choice),
+        model=model.name,
+        format=runnable[choice],
+        config=config,
+        path=path,
+        tree_choice=tree_choice,
+    )
+
+
+def _speculative(job: GenerationJob, backend: BackendSpec, path: list[PathStep]) -> SpeculativeConfig | None:
+    """Whether speculative decoding applies to this job on this backend, said in the path."""
+    spec = backend.speculative
+    if job.speculative is False:
+        if spec is not None and spec.engine_wide:
+            why = f"engine-wide on {backend.display_name}: the opt-out cannot apply (greedy output is the same)"
+            path.append(PathStep(check="speculative", answer=spec.method, detail=why))
+            return spec
+        if spec is not None:
+            path.append(PathStep(check="speculative", answer="off", detail="the job opted out"))
+        return None
+    if spec is None:
+        if job.speculative:
+            why = backend.speculative_unsupported or f"not configured for {backend.display_name}"
+            path.append(PathStep(check="speculative", answer="not applied", detail=why))
+        return None
+    if not (job.speculative or spec.by_default):
+        return None  # available on request (speculative=true)
+    if not job.sampling.greedy:
+        path.append(PathStep(check="speculative", answer="not applied", detail="greedy jobs only (temperature 0)"))
+        return None
+    what = "prompt lookup (n-gram), no draft model" if spec.method == "ngram" else "the registered draft model"
+    detail = f"{what}, {spec.num_tokens} tokens a pass; the job runs unbatched"
+    path.append(PathStep(check="speculative", answer=spec.method, detail=detail))
+    return spec
+
+
+def _profile_choice(
+    job: GenerationJob,
+    model: ModelSpec,
+    fleet: FleetView,
+    policy: DecisionPolicy,
+    runnable: dict[str, str],
+    choice: str,
+    profile: ProfileBook | None,
+    path: list[PathStep],
+) -> str:
+    """The measured alternative to the tree: of the live backends, those whose TTFT p50
+    (measured on their workers' kind of hardware) meets the latency target; of those, the
+    highest saturated throughput. The path says where and why it differs from the tree."""
+    if profile is None:
+        path.append(
+            PathStep(
+                check="profile",
+                answer=choice,
+                detail="no measured profile (run `ib bench profiles`): the tree's choice",
+            )
+        )
+        return choice
+    target, _ = latency_target(job, policy)
+    measured = []
+    for backend in runnable:
+        live = fleet.live(backend=backend, model=model.name)
+        kind = "gpu" if any(w.hardware.kind == "gpu" for w in live) else "cpu"
+        row = profile.get(backend, kind) if live else None
+        if row is not None:
+            measured.append(row)
+    meeting = sorted((r for r in measured if r.ttft_p50_ms <= target), key=lambda r: -r.saturated_tok_s)
+    seen = (
+        ", ".join(f"{r.backend} {r.ttft_p50_ms:.0f} ms / {r.saturated_tok_s:.0f} tok/s" for r in measured)
+        or "none measured and live"
+    )
+    if not meeting:
+        path.append(
+            PathStep(
+                check="profile",
+                answer=choice,
+                detail=f"no live backend's measured TTFT p50 meets {target:g} ms ({seen}): the tree's choice",
+            )
+        )
+        return choice
+    best = meeting[0]
+    verdict = "agrees with the tree" if best.backend == choice else f"differs from the tree ({choice})"
+    path.append(
+        PathStep(
+            check="profile",
+            answer=best.backend,
+            detail=f"{verdict}: highest measured throughput with TTFT p50 ≤ {target:g} ms on "
+            f"{best.hardware_kind} ({seen}; measured {best.measured_at})",
+        )
+    )
+    return best.backend
+
+
+def _apply_liveness(
+    job: GenerationJob,
+    model: ModelSpec,
+    fleet: FleetView,
+    policy: DecisionPolicy,
+    runnable: dict[str, str],
+    choice: str,
+    path: list[PathStep],
+) -> str:
+    live = fleet.live(backend=choice, model=model.name)
+    if live:
+        path.append(PathStep(check="live workers", answer=str(len(live)), detail=f"{choice} serving {model.name}"))
+        return choice
+    sick = fleet.unhealthy(choice, model.name)
+    if sick:  # said before the policy acts, so `ib explain` shows why the backend looks empty
+        why = "; ".join(f"{w.worker_id}: {', '.join(w.health.reasons)}" for w in sick)
+        path.append(
+            PathStep(check="unhealthy workers", answer=str(len(sick)), detail=f"{choice} not counted live: {why}")
+        )
+    rule = policy.no_worker_policy
+    if rule == "reject":
+        serving = sorted({w.backend for w in fleet.live(model=model.name)})
+        raise NoLiveWorkerError(
+            f"no live {choice} worker serves {model.name} (live backends for it: {', '.join(serving) or 'none'})",
+            {"backend": choice, "live_backends": serving},
+        )
+    if rule == "fallback" and job.backend is None:
+        for alt in policy.fallback_order.get(choice, []):
+            if alt in runnable and fleet.live(backend=alt, model=model.name):
+                path.append(
+                    PathStep(
+                        check="live workers",
+                        answer=f"fallback {alt}",
+                        detail=f"no live {choice} worker for {model.name}",
+                    )
+                )
+                return alt
+        path.append(
+            PathStep(
+                check="live workers",
+                answer="none",
+                detail=f"no live worker can serve {model.name}; queued for {choice}",
+            )
+        )
+        return choice
+    path.append(
+        PathStep(check="live workers", answer="none", detail=f"policy {rule}: queued until a {choice} worker starts")
+    )
+    return choice
+
+
+def apply_affinity(
+    sel: Selection, hashes: list[str], matched: dict[str, int], fleet: FleetView, policy: DecisionPolicy
+) -> Selection:
+    """Send the job to the live worker of the chosen backend that holds the longest run
+    of the prompt's leading blocks, unless none holds ``prefix_min_blocks`` of them or its
+    load eats the gain; then the shared queue. Pure: the hints were read by the caller."""
+    if not hashes or sel.backend not in policy.prefix_affinity_backends:
+        return sel
+    live = fleet.live(backend=sel.backend, model=sel.model)
+    best: tuple[float, int, WorkerInfo] | None = None
+    for w in live:
+        blocks = matched.get(w.worker_id, 0)
+        score = blocks - policy.prefix_load_penalty_blocks * w.load
+        if blocks >= policy.prefix_min_blocks and (best is None or score > best[0]):
+            best = (score, blocks, w)
+    update: dict[str, Any] = {"prefix_hashes": hashes}
+    idle = min((w.load for w in live), default=1.0)
+    if best is not None and best[2].load >= 1.0 and idle < 0.5:
+        # Too uneven: the holder is full while another worker is mostly free.
+        step = PathStep(
+            check="prefix affinity",
+            answer="shared queue",
+            detail=f"{best[2].worker_id} holds {best[1]}/{len(hashes)} blocks but is full "
+            f"({best[2].in_flight}/{best[2].capacity}) while another worker is free",
+        )
+        return sel.model_copy(update={**update, "path": [*sel.path, step]})
+    if best is not None and best[0] >= policy.prefix_min_blocks:
+        score, blocks, w = best
+        update |= {"queue": own_queue_for(sel.backend, w.worker_id), "affinity_worker": w.worker_id}
+        step = PathStep(
+            check="prefix affinity",
+            answer=w.worker_id,
+            detail=f"holds {blocks}/{len(hashes)} leading blocks, load {w.in_flight}/{w.capacity}, score {score:.1f}",
+        )
+    else:
+        held = max(matched.values(), default=0)
+        why = f"best holder has {held}/{len(hashes)} blocks" + (f", score {best[0]:.1f} after load" if best else "")
+        step = PathStep(
+            check="prefix affinity", answer="shared queue", detail=f"{why} (needs {policy.prefix_min_blocks})"
+        )
+    return sel.model_copy(update={**update, "path": [*sel.path, step]})

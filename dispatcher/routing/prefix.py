@@ -1,0 +1,138 @@
+"""A prompt's block-hash chain: what prefix-affinity routing looks up in the hints.
+
+A prompt is tokenized with the model's own tokenizer (its chat template for messages),
+cut into fixed blocks (16 tokens by default, vLLM's block size) and chain-hashed: each
+block's hash covers its parent's hash, the block's token ids, and the model's identity
+(name and revision), so equal hashes mean equal prefixes of the same model, and two
+prompts share exactly the leading blocks they share. Only full blocks are hashed.
+
+Which workers hold which blocks lives in Redis (dispatcher.store.hints).
+
+Without a tokenizer for the model (its HF folder is not prepared on this host), the chain
+is built over blocks of characters of the rendered prompt instead: an approximation,
+since equal text prefixes are then only roughly equal token prefixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dispatcher.jobs import GenerationJob
+from dispatcher.registry import ModelSpec
+
+log = logging.getLogger(__name__)
+
+CHARS_PER_BLOCK_FALLBACK = 4  # characters per token, roughly, when no tokenizer is at hand
+
+
+def model_identity(model: ModelSpec) -> str:
+    """What a hash chain is rooted in: the model's name and revision (its weights)."""
+    return f"{model.name}@{model.revision or ''}"
+
+
+def chain(units: list[int] | bytes, block_size: int, root: str, max_blocks: int) -> list[str]:
+    """Chain-hash the full blocks of ``units`` (token ids, or bytes of text): hex digests."""
+    data = array("I", units).tobytes() if isinstance(units, list) else units
+    width = block_size * (4 if isinstance(units, list) else 1)
+    parent = hashlib.blake2b(root.encode(), digest_size=16).digest()
+    out: list[str] = []
+    for start in range(0, min(len(data) // width, max_blocks) * width, width):
+        parent = hashlib.blake2b(parent + data[start : start + width], digest_size=16).digest()
+        out.append(parent.hex())
+    return out
+
+
+def render(job: GenerationJob, tokenizer: PromptTokenizer | None) -> str:
+    """The prompt text the engines see: the chat template for messages, else the prompt."""
+    if job.messages is None:
+        return job.prompt or ""
+    messages = [m.model_dump() for m in job.messages]
+    if tokenizer is not None:
+        return tokenizer.render(messages)
+    return "".join(f"<{m['role']}>\n{m['content']}\n" for m in messages)
+
+
+class PromptTokenizer:
+    """The model's tokenizer (``tokenizer.json``, Rust ``tokenizers``) and chat template
+    (jinja2, sandboxed, as transformers renders it): what the engines feed the model,
+    without importing transformers or torch into a dispatcher (tens of MB, not hundreds)."""
+
+    def __init__(self, folder: Path) -> None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        template = cfg.get("chat_template")
+        if template is None and (folder / "chat_template.jinja").exists():
+            template = (folder / "chat_template.jinja").read_text()
+        if not isinstance(template, str):
+            raise ValueError(f"{folder}: no chat template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self.template = env.from_string(template)
+        self.special = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+
+    def render(self, messages: list[dict]) -> str:
+        return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+
+def _raise(message: str) -> None:
+    raise ValueError(message)
+
+
+def _token_text(token: Any) -> str | None:
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def load_tokenizer(model: ModelSpec) -> PromptTokenizer | None:
+    """The model's tokenizer from its prepared HF folder; None without one (the
+    char-block fallback is used then)."""
+    try:
+        return PromptTokenizer(model.artifact_path("hf"))
+    except (FileNotFoundError, OSError, ValueError) as exc:
+        log.warning("no tokenizer for %s (%s): prefix hints fall back to character blocks", model.name, exc)
+        return None
+
+
+class PrefixHasher:
+    """A job → its prompt's block-hash chain. Each model's tokenizer is loaded once (or
+    found missing once) per hasher: a client's whole life."""
+
+    def __init__(
+        self,
+        block_size: int = 16,
+        max_blocks: int = 256,
+        tokenizer_for: Callable[[ModelSpec], Any | None] = load_tokenizer,
+    ) -> None:
+        self.block_size = block_size
+        self.max_blocks = max_blocks
+        self.tokenizer_for = tokenizer_for
+        self._tokenizers: dict[str, Any | None] = {}
+
+    def tokenizer(self, model: ModelSpec) -> Any | None:
+        key = model_identity(model)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = self.tokenizer_for(model)
+        return self._tokenizers[key]
+
+    def hashes(self, job: GenerationJob, model: ModelSpec, block_size: int | None = None) -> list[str]:
+        """``block_size``: the backend's own KV block size, if it differs from the default."""
+        block = block_size or self.block_size
+        tok = self.tokenizer(model)
+        text = render(job, tok)
+        root = f"{model_identity(model)}/{block}"
+        if tok is None:
+            return chain(text.encode(), block * CHARS_PER_BLOCK_FALLBACK, root + "#chars", self.max_blocks)
+        add_special = job.messages is None  # a chat template already holds its special tokens
+        ids = tok.encode(text, add_special_tokens=add_special)[: block * self.max_blocks]
+        return chain(list(ids), block, root, self.max_blocks)

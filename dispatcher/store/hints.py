@@ -1,0 +1,65 @@
+"""KV prefix hints in Redis: which workers hold which of a prompt's blocks.
+
+One sorted set per block hash (``ib:prefix:<hash>``: worker id → last time it held the
+block), with a TTL. A dispatch looks up every block of a prompt in one pipelined round
+trip; a worker that starts or finishes a job confirms its blocks; a dead or restarted
+worker's hints are dropped (``ib:prefix-worker:<id>`` lists them). The hashes themselves
+are made by dispatcher.routing.prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from dispatcher.store import keys
+
+
+class PrefixHints:
+    def __init__(self, client: redis.Redis, ttl_s: int = 3600) -> None:
+        self.r = client
+        self.ttl_s = ttl_s
+
+    def lookup(self, hashes: list[str]) -> dict[str, int]:
+        """Worker → number of consecutive leading blocks it holds (one round trip)."""
+        if not hashes:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for h in hashes:
+            pipe.zrange(keys.prefix_block(h), 0, -1)
+        holders = [{w.decode() for w in ws} for ws in pipe.execute()]
+        matched: dict[str, int] = {}
+        for worker in holders[0]:
+            n = 0
+            while n < len(holders) and worker in holders[n]:
+                n += 1
+            matched[worker] = n
+        return matched
+
+    def record(self, worker_id: str, hashes: list[str], client: Any = None) -> None:
+        """``worker_id`` holds these blocks now (a dispatch to it, or a finished job);
+        ``client``: a pipeline to add the writes to (the caller executes it)."""
+        if not hashes:
+            return
+        own = client is None
+        pipe = client if client is not None else self.r.pipeline(transaction=False)
+        now = time.time()
+        for h in hashes:
+            pipe.zadd(keys.prefix_block(h), {worker_id: now})
+            pipe.expire(keys.prefix_block(h), self.ttl_s)
+        pipe.sadd(keys.worker_blocks(worker_id), *hashes)
+        pipe.expire(keys.worker_blocks(worker_id), self.ttl_s)
+        if own:
+            pipe.execute()
+
+    def drop_worker(self, worker_id: str) -> int:
+        """Forget every block a worker was said to hold (it died, or restarted empty)."""
+        hashes = [h.decode() for h in self.r.smembers(keys.worker_blocks(worker_id))]
+        pipe = self.r.pipeline(transaction=False)
+        for h in hashes:
+            pipe.zrem(keys.prefix_block(h), worker_id)
+        pipe.delete(keys.worker_blocks(worker_id))
+        pipe.execute()
+        return len(hashes)

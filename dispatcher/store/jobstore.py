@@ -1,0 +1,210 @@
+"""Per-job records in Redis: status, attempts, the one final outcome, and cancel flags.
+
+The final outcome is written once (HSETNX on ``final``): a job redelivered after its
+worker died, or run twice by a race, still completes exactly once, and the second run
+returns the first one's result instead of generating again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, NamedTuple
+
+import redis
+
+from dispatcher.jobs import JobStatus, UnknownJobError
+from dispatcher.store import keys
+from dispatcher.store.batchstore import RECORD_LINE_FN, line_keys
+
+# BLPOP waits in slices shorter than redis-py's default socket timeout (5 s), which
+# would otherwise cut a longer blocking call as a TimeoutError.
+WAIT_SLICE_S = 2.0
+
+
+class LineRecord(NamedTuple):
+    """The batch line a job answers, and its output (or error) record."""
+
+    batch_id: str
+    line: int
+    record: dict[str, Any]
+    kind: str  # completed | failed
+    tokens: int = 0
+
+
+class Begin(NamedTuple):
+    """What a delivery learns when it starts: its attempt number, whether the job was
+    cancelled before it ran, or the outcome of an earlier delivery that finished it."""
+
+    attempt: int
+    cancelled: bool
+    final: tuple[str, dict[str, Any]] | None = None
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis, ttl_s: int) -> None:
+        self.r = client
+        self.ttl_s = ttl_s
+        self._begin = client.register_script(self._BEGIN)
+        self._finish = client.register_script(self._FINISH)
+        self._finish_with_line = client.register_script(self._FINISH_WITH_LINE)
+
+    # One script per job, all jobs in one pipeline: create the record only if the id is
+    # new, so resubmitting a job id never enqueues it twice.
+    _CLAIM = """
+    if redis.call('HSETNX', KEYS[1], 'status', 'queued') == 0 then return 0 end
+    for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+    redis.call('EXPIRE', KEYS[1], ARGV[1])
+    return 1
+    """
+
+    def claim(self, records: list[tuple[str, dict[str, Any]]]) -> list[bool]:
+        """Create the records of new jobs ((job id, submit-time fields), in order) in one
+        round trip; False for an id that is already known, or repeated in ``records``."""
+        script = self.r.register_script(self._CLAIM)
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, fields in records:
+            flat = [x for k, v in fields.items() for x in (k, _enc(v))]
+            script(keys=[keys.job(job_id)], args=[self.ttl_s, *flat], client=pipe)
+        return [bool(created) for created in pipe.execute()]
+
+    # A delivery either finds the final outcome (a redelivered job that already finished)
+    # or becomes the next attempt, learning in the same round trip whether the job (or
+    # its batch: KEYS[3]) was cancelled while it waited in the queue.
+    _BEGIN = """
+    local final = redis.call('HGET', KEYS[1], 'final')
+    if final then
+        local field = 'result'
+        if final == 'failed' then field = 'error' end
+        return {0, 0, final, redis.call('HGET', KEYS[1], field)}
+    end
+    local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+    redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started_at', ARGV[2])
+    redis.call('EXPIRE', KEYS[1], ARGV[3])
+    return {attempt, redis.call('EXISTS', KEYS[2], KEYS[3])}
+    """
+
+    def begin(self, job_id: str, worker: str, scope: str | None = None) -> Begin:
+        """``scope``: a batch id whose cancel flag cancels this job too."""
+        names = [keys.job(job_id), keys.cancel(job_id), keys.cancel(scope or job_id)]
+        out = self._begin(keys=names, args=[worker, time.time(), self.ttl_s])
+        if len(out) == 4:
+            return Begin(attempt=0, cancelled=False, final=(out[2].decode(), json.loads(out[3]) if out[3] else {}))
+        return Begin(attempt=int(out[0]), cancelled=bool(out[1]))
+
+    # HSETNX decides who finishes; the rest of the write happens in the same script, so
+    # a reader never sees ``final`` without its result. A batch line's record is written
+    # by the same script (batchstore.RECORD_LINE_FN): no crash can separate the two.
+    _FINISH_FN = """
+    local function finish_job(jkey, dkey, status, field, payload, now, ttl)
+      if redis.call('HSETNX', jkey, 'final', status) == 0 then return 0 end
+      redis.call('HSET', jkey, 'status', status, field, payload, 'finished_at', now)
+      redis.call('HINCRBY', jkey, 'completions', 1)
+      redis.call('EXPIRE', jkey, ttl)
+      redis.call('RPUSH', dkey, status)
+      redis.call('EXPIRE', dkey, ttl)
+      return 1
+    end
+    """
+    _FINISH = _FINISH_FN + "return finish_job(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])"
+    _FINISH_WITH_LINE = (
+        _FINISH_FN
+        + RECORD_LINE_FN
+        + """
+    if finish_job(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]) == 0 then return 0 end
+    record_line(KEYS[3], KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], '1', ARGV[4])
+    return 1
+    """
+    )
+
+    def finish(self, job_id: str, status: JobStatus, payload: dict[str, Any], line: LineRecord | None = None) -> bool:
+        """Write the final outcome if none exists yet; False means another run already did.
+        ``line``: the batch line this job answers, recorded with it."""
+        field = "error" if status == "failed" else "result"
+        args = [status, field, json.dumps(payload), time.time(), self.ttl_s]
+        names = [keys.job(job_id), keys.done(job_id)]
+        if line is None:
+            return bool(self._finish(keys=names, args=args))
+        names += line_keys(line.batch_id)
+        args += [line.batch_id, line.line, json.dumps(line.record), line.kind, line.tokens]
+        return bool(self._finish_with_line(keys=names, args=args))
+
+    def final(self, job_id: str) -> tuple[str, dict[str, Any]] | None:
+        """(status, result-or-error) if the job has finished."""
+        return _final(self.r.hmget(keys.job(job_id), "final", "result", "error"))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
+        """Block until the job has its final outcome; None after ``timeout`` seconds,
+        UnknownJobError if no such job was submitted (checked in the same first read).
+
+        The finisher pushes one token on ``ib:done:<id>``; a waiter that pops it pushes it
+        back in the same round trip as its read, so any number of waiters wake, and no
+        process needs a pub/sub listener.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(keys.job(job_id), "final", "result", "error")
+        pipe.exists(keys.job(job_id))
+        values, known = pipe.execute()
+        if not known:
+            raise UnknownJobError(
+                f"unknown job {job_id!r} (never submitted, or its record expired)", {"job_id": job_id}
+            )
+        final = _final(values)
+        while final is None:
+            remaining = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
+            if remaining <= 0:
+                return None
+            token = self.r.blpop([keys.done(job_id)], timeout=max(remaining, 0.01))
+            pipe = self.r.pipeline(transaction=False)
+            if token is not None:
+                pipe.rpush(keys.done(job_id), token[1])
+            pipe.hmget(keys.job(job_id), "final", "result", "error")
+            final = _final(pipe.execute()[-1])
+        return final
+
+    def unsent(self, job_ids: list[str]) -> list[bool]:
+        """For each job: its record exists but it was never marked sent nor finished."""
+        pipe = self.r.pipeline(transaction=False)
+        for j in job_ids:
+            pipe.hmget(keys.job(j), "sent", "final")
+        return [sent is None and final is None for sent, final in pipe.execute()]
+
+    def mark_sent(self, job_ids: list[str]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for j in job_ids:
+            pipe.hset(keys.job(j), "sent", 1)
+        pipe.execute()
+
+    def release(self, job_ids: list[str]) -> None:
+        """Drop records claimed for jobs that were never enqueued, so a retry can submit them."""
+        if job_ids:
+            self.r.delete(*[keys.job(j) for j in job_ids])
+
+    def get(self, job_id: str) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.job(job_id)).items()}
+
+    def request_cancel(self, job_id: str, ttl_s: int | None = None) -> None:
+        """Flag a job, or a whole batch (its id is the scope of its lines' jobs)."""
+        self.r.set(keys.cancel(job_id), "1", ex=ttl_s or self.ttl_s)
+
+    def cancelled(self, jobs: dict[str, str | None]) -> set[str]:
+        """Which of these jobs (job id → its scope, a batch id or None) have a cancel flag,
+        their own or their scope's: one MGET, cheap enough to poll."""
+        if not jobs:
+            return set()
+        ids = sorted({*jobs, *(s for s in jobs.values() if s)})
+        flagged = {i for i, f in zip(ids, self.r.mget([keys.cancel(i) for i in ids])) if f}
+        return {j for j, scope in jobs.items() if j in flagged or scope in flagged}
+
+
+def _final(values: list[bytes | None]) -> tuple[str, dict[str, Any]] | None:
+    status, result, error = values
+    if not status:
+        return None
+    body = error if status == b"failed" else result
+    return status.decode(), json.loads(body) if body else {}
+
+
+def _enc(value: Any) -> str | int | float:
+    return value if isinstance(value, (str, int, float)) else json.dumps(value)

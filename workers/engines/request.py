@@ -1,0 +1,60 @@
+"""What travels through an engine: a request (a job inside the engine, with its prompt ids
+and where its output goes) and its output. Kept apart from the Engine interface so the
+decoding helpers can use them without importing the engines that use the helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatcher.jobs import EngineError, SamplingParams
+from dispatcher.registry import SpeculativeConfig
+
+CancelSource = Callable[[list[str]], set[str]]
+
+
+def never_cancelled(job_ids: list[str]) -> set[str]:
+    return set()
+
+
+@dataclass
+class EngineOutput:
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # stop | length | cancelled
+    prompt_tokens: int
+    first_token_at: float | None
+    finished_at: float
+    cached_tokens: int = 0  # prompt tokens served from a prefix cache
+    completion_tokens: int | None = None  # when the engine has no token ids (a remote server's usage)
+    speculative: dict[str, Any] | None = None  # method, target passes, accepted tokens
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """A job inside an engine: its prompt ids and where to deliver the output."""
+
+    job_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: Future = field(default_factory=Future)
+    tokens: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+    finish_reason: str | None = None
+    aborted: bool = False  # set when the caller gave up (time limit): the engine drops it
+    cached_tokens: int = 0  # prompt tokens whose KV state came from a prefix cache
+    on_text: Callable[[str], None] | None = None  # streaming: receives text deltas
+    streamed: int = 0  # characters of text already sent to on_text
+    speculative: SpeculativeConfig | None = None  # the engine's speculative config, if it applies to this job
+    target_passes: int = 0  # speculative: forward passes of the target model
+    drafted_tokens: int | None = None  # speculative: tokens proposed, where the engine knows it
+
+
+def fail_requests(requests: list[EngineRequest], exc: BaseException) -> None:
+    """Fail every unfinished request of a batch with a typed EngineError."""
+    err = exc if isinstance(exc, EngineError) else EngineError(f"{type(exc).__name__}: {exc}")
+    for r in requests:
+        if not r.future.done():
+            r.future.set_exception(err)
