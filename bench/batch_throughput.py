@@ -37,7 +37,7 @@ from rich.table import Table
 
 from bench import report
 from dispatcher import settings
-from dispatcher.batch.format import line_job_id
+from dispatcher.batch.records import line_job_id
 from dispatcher.client import Client
 from dispatcher.jobs import GenerationJob
 from dispatcher.registry import ModelRegistry, load_backends

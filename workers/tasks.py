@@ -18,7 +18,7 @@ import redis
 from celery import Celery
 from celery.signals import task_postrun, task_received
 
-from dispatcher.batch.format import line_record
+from dispatcher.batch.records import line_record
 from dispatcher.celery_app import GENERATE_TASK
 from dispatcher.jobs import EngineError, GenerationJob, JobError, JobResult, Selection, Timings, Usage
 from dispatcher.store import keys

@@ -28,7 +28,8 @@ import redis
 from pydantic import BaseModel, Field
 
 from dispatcher import settings
-from dispatcher.batch.format import CHAT_URL, COMPLETIONS_URL, LineError, error_record, line_job_id, parse_line
+from dispatcher.batch.format import LineError, parse_line
+from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, error_record, line_job_id
 from dispatcher.jobs import JobError, Priority
 from dispatcher.registry import ModelRegistry
 from dispatcher.store.batchstore import FINAL_STATUSES, BatchStore, staged_entry

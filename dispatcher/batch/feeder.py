@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from dispatcher.batch.format import job_error_record
+from dispatcher.batch.records import job_error_record
 from dispatcher.jobs import GenerationJob, JobError, NoLiveWorkerError, Selection
 from dispatcher.store.batchstore import FINAL_STATUSES
 from dispatcher.store.keys import FEEDER_LEASE

@@ -1,30 +1,24 @@
-"""OpenAI Batch JSONL, in and out: one input line → one GenerationJob or one error record.
+"""OpenAI Batch JSONL in: one input line → one GenerationJob or one error.
 
 Input lines are OpenAI Batch requests (``{"custom_id", "method": "POST", "url":
 "/v1/chat/completions" | "/v1/completions", "body": {...}}``) or, for convenience, plain
 ``{"custom_id", "prompt" | "messages", ...}`` lines. Validation is per line: a bad line
-becomes an error record naming the line and the reason, and the others run.
-
-Output lines follow OpenAI's batch output format (``id``, ``custom_id``, ``response:
-{status_code, request_id, body}``, ``error``), with the body shaped like a chat
-completion or a text completion, so existing batch scripts read it unchanged.
+becomes an error record naming the line and the reason, and the others run. What comes
+out (a line's output or error record) is dispatcher.batch.records.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from dispatcher.jobs import GenerationJob, JobError, JobResult, UnknownModelError
+from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, line_job_id
+from dispatcher.jobs import GenerationJob, UnknownModelError
 from dispatcher.registry import ModelRegistry
-from dispatcher.store.jobstore import LineRecord
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "stop", "seed")
 # OpenAI body fields that change nothing here and are accepted silently.
 IGNORED_FIELDS = {"n", "stream", "user", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty"}
@@ -132,78 +126,5 @@ def parse_line(
     return ParsedLine(line_no, custom_id, url, job)
 
 
-def line_job_id(batch_id: str, line: int) -> str:
-    """A batch line's job id: the same on every feed, so a line is never enqueued twice."""
-    return f"{batch_id}-{line}"
-
-
 def batch_ids(batch_id: str | None, line: int) -> dict[str, Any]:
     return {"id": line_job_id(batch_id, line), "batch_line": line} if batch_id else {}
-
-
-def response_body(result: JobResult, url: str, created: int | None = None) -> dict[str, Any]:
-    """A JobResult as the body of an OpenAI chat completion or text completion."""
-    finish = "stop" if result.finish_reason == "cancelled" else result.finish_reason
-    usage = {
-        "prompt_tokens": result.usage.prompt_tokens,
-        "completion_tokens": result.usage.completion_tokens,
-        "total_tokens": result.usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.usage.cached_tokens},
-    }
-    common = {
-        "id": f"cmpl-{result.id}",
-        "created": created or int(result.timings.finished),
-        "model": result.model,
-        "usage": usage,
-    }
-    if url == CHAT_URL:
-        message = {"role": "assistant", "content": result.text}
-        return {
-            **common,
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        }
-    return {
-        **common,
-        "object": "text_completion",
-        "choices": [{"index": 0, "text": result.text, "finish_reason": finish}],
-    }
-
-
-def output_record(custom_id: str, result: JobResult, url: str) -> dict[str, Any]:
-    return {
-        "id": f"batch_req_{result.id}",
-        "custom_id": custom_id,
-        "response": {"status_code": 200, "request_id": result.id, "body": response_body(result, url)},
-        "error": None,
-    }
-
-
-def error_record(custom_id: str | None, code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
-    return {
-        "id": f"batch_req_{request_id or int(time.time() * 1e6)}",
-        "custom_id": custom_id,
-        "response": None,
-        "error": {"code": code, "message": message},
-    }
-
-
-def job_error_record(custom_id: str, job_id: str, error: JobError) -> dict[str, Any]:
-    """A line whose job failed in the fleet (context overflow, engine failure, ...)."""
-    return error_record(custom_id, error.code, error.message, job_id)
-
-
-def line_record(job: GenerationJob, outcome: JobResult | JobError) -> LineRecord | None:
-    """The batch line a job answers, with its output (or error) record; None for a job
-    that is not a batch line. Workers write it with the job's final outcome."""
-    if job.batch_id is None or job.batch_line is None or job.custom_id is None:
-        return None
-    if isinstance(outcome, JobError):
-        return LineRecord(job.batch_id, job.batch_line, job_error_record(job.custom_id, job.id, outcome), "failed")
-    tokens = outcome.usage.completion_tokens
-    if outcome.status == "cancelled":
-        message = f"cancelled with the batch after {tokens} generated token(s)"
-        record = error_record(job.custom_id, "batch_cancelled", message, job.id)
-        return LineRecord(job.batch_id, job.batch_line, record, "failed", tokens)
-    record = output_record(job.custom_id, outcome, CHAT_URL if job.messages else COMPLETIONS_URL)
-    return LineRecord(job.batch_id, job.batch_line, record, "completed", tokens)

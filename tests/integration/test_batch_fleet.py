@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from conftest import ib, start_worker, wait_for
-from dispatcher.batch.format import CHAT_URL, COMPLETIONS_URL, line_job_id
+from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, line_job_id
 from dispatcher.client import Client
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from dispatcher.batch.feeder import BatchFeeder
-from dispatcher.batch.format import CHAT_URL, line_job_id
+from dispatcher.batch.records import CHAT_URL, line_job_id
 from dispatcher.client import Client
 from dispatcher.store import keys
 from dispatcher.store.jobstore import LineRecord

@@ -6,16 +6,8 @@ import json
 
 import pytest
 
-from dispatcher.batch.format import (
-    CHAT_URL,
-    COMPLETIONS_URL,
-    LineError,
-    ParsedLine,
-    error_record,
-    line_record,
-    output_record,
-    parse_line,
-)
+from dispatcher.batch.format import LineError, ParsedLine, parse_line
+from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, error_record, line_record, output_record
 from dispatcher.jobs import ContextOverflowError, GenerationJob, JobResult, Timings, Usage
 from dispatcher.registry import ModelRegistry
 
