@@ -107,7 +107,10 @@ def in_process(backend: str, fmt: str, texts: list[str], max_tokens: int, thread
         batched_wall = time.perf_counter() - t0
     finally:
         engine.close()
-    tokens = lambda outs: sum(len(o.token_ids) for o in outs)  # noqa: E731
+
+    def tokens(outs: list) -> int:
+        return sum(len(o.token_ids) for o in outs)
+
     return {
         "one_at_a_time": {
             "requests": len(single),

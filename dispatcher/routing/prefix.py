@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -105,8 +106,11 @@ def load_tokenizer(model: ModelSpec) -> PromptTokenizer | None:
 
 
 class PrefixHasher:
-    """A job → its prompt's block-hash chain. Each model's tokenizer is loaded once (or
-    found missing once) per hasher: a client's whole life."""
+    """A job → its prompt's block-hash chain. Each model's tokenizer is loaded once per
+    hasher (a client's life); a missing one is looked for again after
+    ``retry_missing_s``, so a client started before `ib models prepare` picks it up."""
+
+    retry_missing_s = 60.0
 
     def __init__(
         self,
@@ -117,13 +121,14 @@ class PrefixHasher:
         self.block_size = block_size
         self.max_blocks = max_blocks
         self.tokenizer_for = tokenizer_for
-        self._tokenizers: dict[str, Any | None] = {}
+        self._tokenizers: dict[str, tuple[Any | None, float]] = {}  # model → (tokenizer, when looked for)
 
     def tokenizer(self, model: ModelSpec) -> Any | None:
-        key = model_identity(model)
-        if key not in self._tokenizers:
-            self._tokenizers[key] = self.tokenizer_for(model)
-        return self._tokenizers[key]
+        key, now = model_identity(model), time.monotonic()
+        found = self._tokenizers.get(key)
+        if found is None or (found[0] is None and now - found[1] > self.retry_missing_s):
+            found = self._tokenizers[key] = (self.tokenizer_for(model), now)
+        return found[0]
 
     def hashes(self, job: GenerationJob, model: ModelSpec, block_size: int | None = None) -> list[str]:
         """``block_size``: the backend's own KV block size, if it differs from the default."""

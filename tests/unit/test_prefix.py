@@ -127,3 +127,26 @@ def test_ngram_drafts_continue_the_latest_earlier_repeat():
     assert ngram_draft([7, 8, 7, 9, 7], 3) == [9, 7]  # the most recent earlier "7"
     assert ngram_draft([1, 2, 3], 4) == []  # nothing repeats
     assert ngram_draft(seq, 0) == []
+
+
+def test_a_missing_tokenizer_is_looked_for_again_later_and_a_found_one_is_kept():
+    """A client started before the model's HF folder was prepared must not hash with
+    character blocks for the rest of its life (the feeder inside a worker lives for days)."""
+    from dispatcher.registry import ModelSpec
+    from dispatcher.routing.prefix import PrefixHasher
+
+    model = ModelSpec(name="m", display_name="m", family="llama", hf_native=True, context_length=64)
+    found: list[object | None] = [None]
+    calls: list[str] = []
+
+    def tokenizer_for(spec: ModelSpec) -> object | None:
+        calls.append(spec.name)
+        return found[0]
+
+    hasher = PrefixHasher(tokenizer_for=tokenizer_for)
+    assert hasher.tokenizer(model) is None and hasher.tokenizer(model) is None
+    assert len(calls) == 1  # a miss is remembered for a while: no lookup (and warning) per job
+    hasher.retry_missing_s = 0.0
+    found[0] = tok = object()  # the folder has been prepared meanwhile
+    assert hasher.tokenizer(model) is tok and hasher.tokenizer(model) is tok
+    assert len(calls) == 2  # found: kept, never looked for again
