@@ -277,9 +277,8 @@ def test_prompt_lookup_speculation_keeps_greedy_output_up_to_near_ties(engine):
     copy = spec[:4]
     assert sum(s.speculative["accepted_tokens"] for s in copy) > sum(s.speculative["target_passes"] for s in copy)
     drafted = sum(s.speculative["drafted_tokens"] or 0 for s in spec)
-    assert (
-        drafted >= sum(s.speculative["accepted_tokens"] for s in spec) > 0
-    )  # accepted drafts are a part of the drafted ones
+    # accepted drafts are a part of the drafted ones
+    assert drafted >= sum(s.speculative["accepted_tokens"] for s in spec) > 0
     assert engine.stats()["drafted_tokens"] > drafted_before and engine.stats()["accepted_tokens"] > 0
 
     reference = llama_cpp.Llama(

@@ -272,6 +272,5 @@ def test_explain_under_the_profile_policy_says_where_it_differs_from_the_tree(fl
         env={**os.environ, "COLUMNS": "400"},
         timeout=60,
     )
-    assert (
-        "decision for smollm2-135m: llamacpp" in plain.stdout and "profile" not in plain.stdout
-    )  # the tree stays the default
+    # the tree stays the default
+    assert "decision for smollm2-135m: llamacpp" in plain.stdout and "profile" not in plain.stdout

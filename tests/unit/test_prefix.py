@@ -106,12 +106,8 @@ def test_load_trades_against_blocks():
     # a holds 20 blocks at half load (score 12); b holds 10 idle (score 10): a wins
     assert apply_affinity(SEL, HASHES, {"a": 20, "b": 10}, fleet, POLICY).affinity_worker == "a"
     # with a heavier penalty, b wins
-    assert (
-        apply_affinity(
-            SEL, HASHES, {"a": 20, "b": 10}, fleet, POLICY.model_copy(update={"prefix_load_penalty_blocks": 40})
-        ).affinity_worker
-        == "b"
-    )
+    heavier = POLICY.model_copy(update={"prefix_load_penalty_blocks": 40})
+    assert apply_affinity(SEL, HASHES, {"a": 20, "b": 10}, fleet, heavier).affinity_worker == "b"
 
 
 def test_backends_without_prefix_state_are_left_alone():
