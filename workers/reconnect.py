@@ -15,6 +15,7 @@ started during a short outage finish and ack as usual.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from celery import Celery, bootsteps
 from celery.worker.state import active_requests
@@ -34,11 +35,11 @@ def restore_step(rt: Runtime) -> type[bootsteps.StartStopStep]:
 
         requires = {"celery.worker.consumer.tasks:Tasks"}
 
-        def __init__(self, parent: object, **kwargs: object) -> None:
+        def __init__(self, parent: Any, **kwargs: Any) -> None:
             super().__init__(parent, **kwargs)
             self.starts = 0
 
-        def start(self, parent: object) -> None:
+        def start(self, parent: Any) -> None:  # the worker's Consumer
             self.starts += 1
             if self.starts == 1:
                 return  # the first connection: nothing was reserved before it
@@ -48,7 +49,7 @@ def restore_step(rt: Runtime) -> type[bootsteps.StartStopStep]:
             log.info("broker reconnected: %d job(s) reserved, %d running", len(held), len(running))
             if not lost:
                 return
-            reaper.restore_tags(parent.app, list(lost.values()))  # type: ignore[attr-defined]
+            reaper.restore_tags(parent.app, list(lost.values()))
             rt.redis.hdel(keys.inflight(rt.worker_id), *lost)
             log.warning("broker reconnected: put %d reserved job(s) back on their queues", len(lost))
 
