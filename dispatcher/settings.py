@@ -144,6 +144,22 @@ class MetricsSettings(Section):
     host_port: int
 
 
+class GatewaySettings(Section):
+    """`ib serve`, the OpenAI-compatible HTTP gateway (gateway/)."""
+
+    host: str
+    port: int
+    files_url: str
+    max_body_bytes: int
+    max_file_bytes: int
+    max_json_depth: int
+    max_inflight_per_key: int
+    max_active_batches_per_key: int
+    default_max_tokens: int
+    request_timeout_s: float
+    retry_after_s: int
+
+
 class HealthSettings(Section):
     """A worker past one of these stops taking jobs (workers.health); 0 turns a memory limit off."""
 
@@ -170,6 +186,7 @@ class FleetSettings(BaseSettings):
     batch: BatchSettings
     flower: FlowerSettings
     metrics: MetricsSettings
+    gateway: GatewaySettings
     health: HealthSettings
 
     @classmethod

@@ -18,7 +18,7 @@ from dispatcher import settings
 from dispatcher.batch.feeder import BatchFeeder
 from dispatcher.client import Client
 from dispatcher.jobs import BACKENDS, JobError
-from ops import batch_cli, bench_cli, models_cli, up_cli
+from ops import batch_cli, bench_cli, models_cli, serve_cli, up_cli
 from ops.broker import EmbeddedBroker
 from ops.console import broker_url, console, fail, print_results, stop_on_sigterm
 from ops.console import client as _client
@@ -29,6 +29,8 @@ app.add_typer(batch_cli.app, name="batch")
 app.add_typer(bench_cli.app, name="bench")
 app.command()(up_cli.up)
 app.command()(up_cli.flower)
+app.command()(serve_cli.serve)
+app.add_typer(serve_cli.keys_app, name="keys")
 
 ModelOpt = Annotated[str, typer.Option("--model", help="registered model name")]
 PromptOpt = Annotated[str | None, typer.Option("--prompt", help="raw completion prompt")]

@@ -189,3 +189,44 @@ class LlamaCppServer:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=30)
+
+
+class GatewayProcess:
+    """`ib serve` as a subprocess on loopback (the tests, the demo, the benchmark, `ib up --serve`)."""
+
+    def __init__(
+        self, redis_url: str, port: int | None = None, env: dict[str, str] | None = None, log_dir: Path | None = None
+    ) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **(env or {}), "REDIS_URL": redis_url}
+        self.log_path = (log_dir or settings.data_dir() / "logs") / f"gateway-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> GatewayProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ops.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=settings.REPO_ROOT,
+            )
+        wait_http(self.proc, f"{self.url}/health", "ib serve", self.log_path, timeout)
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -64,6 +64,7 @@ class Batch(BaseModel):
     object: str = "batch"
     endpoint: str | None = None
     input_file: str | None = None
+    input_file_id: str | None = None  # the gateway's uploaded file it was made from
     completion_window: str
     status: str
     created_at: int
@@ -82,6 +83,8 @@ class Batch(BaseModel):
     model: str | None = None
     priority: str = Priority.batch.value
     completion_tokens: int = 0
+    prompt_tokens: int = 0
+    owner: str | None = Field(default=None, exclude=True)  # the API key (a hash) that created it
     fed: int = 0  # lines handed to the queues so far
     feed_s: float = 0.0  # time the feeder spent deciding and enqueueing them
     feed_cpu_s: float = 0.0  # CPU time of that
@@ -104,6 +107,7 @@ class Batch(BaseModel):
             id=h["id"],
             endpoint=h.get("endpoint"),
             input_file=h.get("input_file"),
+            input_file_id=h.get("input_file_id"),
             completion_window=h.get("completion_window", "24h"),
             status=h["status"],
             created_at=ts("created_at") or 0,
@@ -124,6 +128,8 @@ class Batch(BaseModel):
             model=h.get("model"),
             priority=h.get("priority", Priority.batch.value),
             completion_tokens=int(h.get("completion_tokens", 0)),
+            prompt_tokens=int(h.get("prompt_tokens", 0)),
+            owner=h.get("owner"),
             fed=int(h.get("fed", 0)),
             feed_s=float(h.get("feed_s", 0.0)),
             feed_cpu_s=float(h.get("feed_cpu_s", 0.0)),
@@ -175,10 +181,13 @@ class Batches:
         priority: str = Priority.batch.value,
         metadata: dict[str, str] | None = None,
         progress: Callable[[int], None] | None = None,
+        owner: str | None = None,
+        input_file_id: str | None = None,
     ) -> Batch:
         """Validate and stage every line; returns once the batch is ``in_progress`` (or
         ``failed`` at validation, with the reason in ``errors``). ``progress`` is called
-        with the number of lines read so far, every chunk."""
+        with the number of lines read so far, every chunk. ``owner`` (the gateway's API
+        key hash) indexes the batch under that key, for ``list_owned``."""
         if endpoint not in (None, CHAT_URL, COMPLETIONS_URL):
             raise BatchInputError(
                 f"endpoint must be {CHAT_URL} or {COMPLETIONS_URL}, not {endpoint!r}", {"endpoint": endpoint}
@@ -199,6 +208,8 @@ class Batches:
         fields = {
             "endpoint": endpoint,
             "input_file": name,
+            "input_file_id": input_file_id,
+            "owner": owner,
             "completion_window": window,
             "model": model,
             "priority": priority,
@@ -304,6 +315,20 @@ class Batches:
             else:
                 self.store.forget(batch_id)
         return batches
+
+    def list_owned(self, owner: str, after: str | None = None, limit: int = 20) -> list[Batch]:
+        """An owner's batches, newest first, starting after the batch ``after`` (a cursor)."""
+        batches = []
+        for batch_id, record in self.store.owned(owner, after, limit):
+            if record:
+                batches.append(Batch.from_record(record))
+            else:
+                self.store.forget(batch_id, owner)
+        return batches
+
+    def active_owned(self, owner: str) -> int:
+        """How many of an owner's batches are still validating or running."""
+        return self.store.active_owned(owner)
 
     def results(self, batch_id: str) -> Iterator[dict[str, Any]]:
         """One record per finished input line, in input order (outputs and errors)."""

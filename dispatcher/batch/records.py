@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dispatcher.jobs import GenerationJob, JobError, JobResult
+from dispatcher.jobs import GenerationJob, JobError, JobResult, Usage
 from dispatcher.store.jobstore import LineRecord
 
 CHAT_URL = "/v1/chat/completions"
@@ -24,20 +24,29 @@ def line_job_id(batch_id: str, line: int) -> str:
     return f"{batch_id}-{line}"
 
 
+def usage_body(usage: Usage) -> dict[str, Any]:
+    """Usage as OpenAI reports it (cached prompt tokens in ``prompt_tokens_details``)."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def finish_reason(result: JobResult) -> str:
+    """OpenAI has no ``cancelled``: a cancelled answer simply stopped."""
+    return "stop" if result.finish_reason == "cancelled" else result.finish_reason
+
+
 def response_body(result: JobResult, url: str, created: int | None = None) -> dict[str, Any]:
     """A JobResult as the body of an OpenAI chat completion or text completion."""
-    finish = "stop" if result.finish_reason == "cancelled" else result.finish_reason
-    usage = {
-        "prompt_tokens": result.usage.prompt_tokens,
-        "completion_tokens": result.usage.completion_tokens,
-        "total_tokens": result.usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.usage.cached_tokens},
-    }
+    finish = finish_reason(result)
     common = {
-        "id": f"cmpl-{result.id}",
+        "id": f"{'chatcmpl' if url == CHAT_URL else 'cmpl'}-{result.id}",
         "created": created or int(result.timings.finished),
         "model": result.model,
-        "usage": usage,
+        "usage": usage_body(result.usage),
     }
     if url == CHAT_URL:
         message = {"role": "assistant", "content": result.text}
@@ -83,10 +92,10 @@ def line_record(job: GenerationJob, outcome: JobResult | JobError) -> LineRecord
         return None
     if isinstance(outcome, JobError):
         return LineRecord(job.batch_id, job.batch_line, job_error_record(job.custom_id, job.id, outcome), "failed")
-    tokens = outcome.usage.completion_tokens
+    tokens, prompt = outcome.usage.completion_tokens, outcome.usage.prompt_tokens
     if outcome.status == "cancelled":
         message = f"cancelled with the batch after {tokens} generated token(s)"
         record = error_record(job.custom_id, "batch_cancelled", message, job.id)
-        return LineRecord(job.batch_id, job.batch_line, record, "failed", tokens)
+        return LineRecord(job.batch_id, job.batch_line, record, "failed", tokens, prompt)
     record = output_record(job.custom_id, outcome, CHAT_URL if job.messages else COMPLETIONS_URL)
-    return LineRecord(job.batch_id, job.batch_line, record, "completed", tokens)
+    return LineRecord(job.batch_id, job.batch_line, record, "completed", tokens, prompt)

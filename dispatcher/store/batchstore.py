@@ -39,13 +39,14 @@ def line_keys(batch_id: str) -> list[str]:
 # Lua, shared with dispatcher.store.jobstore's finish script. ``fed`` is 1 for a line that was
 # handed to the queue (it counts against the feeder's window until it is recorded).
 RECORD_LINE_FN = """
-local function record_line(bkey, okey, akey, batch_id, line, rec, kind, tokens, fed, now)
+local function record_line(bkey, okey, akey, batch_id, line, rec, kind, tokens, ptokens, fed, now)
   if redis.call('EXISTS', bkey) == 0 then return 0 end
   if redis.call('HSETNX', okey, line, rec) == 0 then return 0 end
   if redis.call('TTL', okey) < 0 then redis.call('EXPIREAT', okey, redis.call('HGET', bkey, 'purge_at')) end
   redis.call('HINCRBY', bkey, kind, 1)
   if fed == '1' then redis.call('HINCRBY', bkey, 'fed_done', 1) end
   if tonumber(tokens) > 0 then redis.call('HINCRBY', bkey, 'completion_tokens', tokens) end
+  if tonumber(ptokens) > 0 then redis.call('HINCRBY', bkey, 'prompt_tokens', ptokens) end
   local done = redis.call('HINCRBY', bkey, 'done', 1)
   if done == tonumber(redis.call('HGET', bkey, 'total') or '-1') then
     local status = redis.call('HGET', bkey, 'status')
@@ -63,7 +64,7 @@ end
 _RECORD_LINE = (
     RECORD_LINE_FN
     + """
-return record_line(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+return record_line(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
 """
 )
 
@@ -153,6 +154,10 @@ class BatchStore:
         pipe.expireat(keys.batch(batch_id), purge_at)
         pipe.zadd(keys.BATCHES, {batch_id: now})
         pipe.zadd(keys.ACTIVE_BATCHES, {batch_id: now})
+        if fields.get("owner"):  # the index lives as long as the owner's newest batch
+            pipe.zadd(keys.owner_batches(fields["owner"]), {batch_id: now})
+            pipe.expireat(keys.owner_batches(fields["owner"]), purge_at, gt=True)
+            pipe.expireat(keys.owner_batches(fields["owner"]), purge_at, nx=True)
         pipe.execute()
 
     def stage(
@@ -179,10 +184,19 @@ class BatchStore:
         ).decode()
 
     def record_line(
-        self, batch_id: str, line: int, record: dict, kind: str, tokens: int = 0, fed: bool = False, client: Any = None
+        self,
+        batch_id: str,
+        line: int,
+        record: dict,
+        kind: str,
+        tokens: int = 0,
+        fed: bool = False,
+        client: Any = None,
+        prompt_tokens: int = 0,
     ) -> bool:
-        """Write one line's record if it has none yet; counts it as ``completed`` or ``failed``."""
-        args = [batch_id, line, json.dumps(record), kind, tokens, int(fed), time.time()]
+        """Write one line's record if it has none yet; counts it as ``completed`` or ``failed``
+        (and its tokens in the batch's usage)."""
+        args = [batch_id, line, json.dumps(record), kind, tokens, prompt_tokens, int(fed), time.time()]
         return bool(self._record(keys=line_keys(batch_id), args=args, client=client or self.r))
 
     def record_missing(self, batch_id: str, lines: list[tuple[int, bool]], make: Any) -> int:
@@ -243,12 +257,29 @@ class BatchStore:
     def deactivate(self, batch_id: str) -> None:
         self.r.zrem(keys.ACTIVE_BATCHES, batch_id)
 
-    def forget(self, batch_id: str) -> None:
+    def forget(self, batch_id: str, owner: str | None = None) -> None:
         """Drop a batch that expired from Redis from the indexes."""
         pipe = self.r.pipeline(transaction=False)
         pipe.zrem(keys.BATCHES, batch_id)
         pipe.zrem(keys.ACTIVE_BATCHES, batch_id)
+        if owner:
+            pipe.zrem(keys.owner_batches(owner), batch_id)
         pipe.execute()
+
+    def owned(self, owner: str, after: str | None, limit: int) -> list[tuple[str, dict[str, str]]]:
+        """(id, record) of an owner's batches, newest first, after the batch ``after``."""
+        index = keys.owner_batches(owner)
+        start = 0
+        if after is not None:
+            rank = self.r.zrevrank(index, after)
+            if rank is None:
+                return []
+            start = rank + 1
+        ids = [i.decode() for i in self.r.zrevrange(index, start, start + limit - 1)]
+        return list(zip(ids, self.get_many(ids)))
+
+    def active_owned(self, owner: str) -> int:
+        return int(self.r.zintercard(2, [keys.owner_batches(owner), keys.ACTIVE_BATCHES]))
 
     def staged(self, batch_id: str, start: int, stop: int) -> list[tuple[int, str]]:
         """Staged lines ``start`` .. ``stop - 1`` as (line number, job JSON)."""

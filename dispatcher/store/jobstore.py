@@ -12,6 +12,7 @@ import time
 from typing import Any, NamedTuple
 
 import redis
+import redis.asyncio
 
 from dispatcher.jobs import JobStatus, UnknownJobError
 from dispatcher.store import keys
@@ -29,7 +30,8 @@ class LineRecord(NamedTuple):
     line: int
     record: dict[str, Any]
     kind: str  # completed | failed
-    tokens: int = 0
+    tokens: int = 0  # completion tokens, counted in the batch's usage
+    prompt_tokens: int = 0
 
 
 class Begin(NamedTuple):
@@ -112,7 +114,7 @@ class JobStore:
         + RECORD_LINE_FN
         + """
     if finish_job(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]) == 0 then return 0 end
-    record_line(KEYS[3], KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], '1', ARGV[4])
+    record_line(KEYS[3], KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11], '1', ARGV[4])
     return 1
     """
     )
@@ -126,7 +128,7 @@ class JobStore:
         if line is None:
             return bool(self._finish(keys=names, args=args))
         names += line_keys(line.batch_id)
-        args += [line.batch_id, line.line, json.dumps(line.record), line.kind, line.tokens]
+        args += [line.batch_id, line.line, json.dumps(line.record), line.kind, line.tokens, line.prompt_tokens]
         return bool(self._finish_with_line(keys=names, args=args))
 
     def final(self, job_id: str) -> tuple[str, dict[str, Any]] | None:
@@ -196,6 +198,26 @@ class JobStore:
         ids = sorted({*jobs, *(s for s in jobs.values() if s)})
         flagged = {i for i, f in zip(ids, self.r.mget([keys.cancel(i) for i in ids])) if f}
         return {j for j, scope in jobs.items() if j in flagged or scope in flagged}
+
+
+async def wait_async(
+    client: redis.asyncio.Redis, job_id: str, timeout: float | None = None
+) -> tuple[str, dict[str, Any]] | None:
+    """``JobStore.wait`` for an asyncio server (the HTTP gateway): the same protocol, so
+    thousands of waiting requests hold no thread each. None after ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    final = _final(await client.hmget(keys.job(job_id), "final", "result", "error"))
+    while final is None:
+        remaining = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
+        if remaining <= 0:
+            return None
+        token = await client.blpop([keys.done(job_id)], timeout=max(remaining, 0.01))
+        pipe = client.pipeline(transaction=False)
+        if token is not None:
+            pipe.rpush(keys.done(job_id), token[1])
+        pipe.hmget(keys.job(job_id), "final", "result", "error")
+        final = _final((await pipe.execute())[-1])
+    return final
 
 
 def _final(values: list[bytes | None]) -> tuple[str, dict[str, Any]] | None:

@@ -85,3 +85,26 @@ def prefix_block(block_hash: str) -> str:
 def worker_blocks(worker_id: str) -> str:
     """Set: the block hashes a worker was said to hold (dropped when it dies or restarts)."""
     return f"ib:prefix-worker:{worker_id}"
+
+
+# ---------------------------------------------------------------- the HTTP gateway (gateway/)
+
+
+def file(file_id: str) -> str:
+    """Hash: an uploaded file's metadata (owner, name, bytes, where its bytes are stored)."""
+    return f"ib:file:{file_id}"
+
+
+def owner_files(owner: str) -> str:
+    """Sorted set: an API key's files by creation time."""
+    return f"ib:files:{owner}"
+
+
+def owner_batches(owner: str) -> str:
+    """Sorted set: an API key's batches by creation time."""
+    return f"ib:batches:owner:{owner}"
+
+
+def owner_inflight(owner: str) -> str:
+    """Sorted set: an API key's interactive jobs queued or running, scored by their deadline."""
+    return f"ib:gateway-inflight:{owner}"

@@ -15,9 +15,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import redis
+import redis.asyncio
 
 from dispatcher.store import keys
 
@@ -93,3 +94,22 @@ def read_stream(client: redis.Redis, job_id: str, timeout: float | None = None) 
                 yield fields[b"d"].decode()
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"job {job_id}: stream not finished after {timeout} s")
+
+
+async def read_stream_async(
+    client: redis.asyncio.Redis, job_id: str, block_s: float = 1.0
+) -> AsyncIterator[str | None]:
+    """``read_stream`` for an asyncio server: yields each delta, and None whenever
+    ``block_s`` passes with nothing new (so the caller can look at its own deadline or
+    its client), until the end entry."""
+    key, last = keys.stream(job_id), "0-0"
+    while True:
+        reply = await client.xread({key: last}, block=max(1, int(block_s * 1000)), count=256)
+        if not reply:
+            yield None
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                last = entry_id
+                if END_FIELD in fields:
+                    return
+                yield fields[b"d"].decode()

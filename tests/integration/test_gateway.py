@@ -1,0 +1,321 @@
+"""The OpenAI-compatible gateway as a user meets it: a broker, a real llama.cpp worker and
+`ib serve` as processes, driven with the official ``openai`` package (and once with curl)
+exactly as an existing script would drive OpenAI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import ARTIFACTS, start_worker, wait_for
+from ops.localfleet import GatewayProcess
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m"
+KEY_A, KEY_B = "test-key-alpha", "test-key-bravo"
+ASK = [{"role": "user", "content": "Name a river in Germany."}]
+
+
+@pytest.fixture(scope="module")
+def worker(redis_url):
+    w = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"])
+    yield w
+    w.stop()
+
+
+def gateway_env(tmp_path, **extra: str) -> dict[str, str]:
+    return {
+        "IB_API_KEYS": f"{KEY_A},{KEY_B}",
+        "IB_API_KEYS_FILE": str(tmp_path / "no-keys-file"),
+        "IB_GATEWAY_FILES_URL": str(tmp_path / "files"),
+        "IB_GATEWAY_MAX_FILE_BYTES": str(1 << 20),
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_url, worker, tmp_path_factory):
+    gw = GatewayProcess(redis_url, env=gateway_env(tmp_path_factory.mktemp("gw")), log_dir=ARTIFACTS / "logs")
+    with gw:
+        yield gw
+
+
+@pytest.fixture
+def sdk(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY_A, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def sdk_b(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY_B, max_retries=0, timeout=120)
+
+
+def test_models_lists_the_registry_with_the_backends_that_have_live_workers(sdk):
+    models = {m.id: m for m in sdk.models.list()}
+    assert MODEL in models and "smollm2-135m-draft" in models
+    assert models[MODEL].model_extra["backends"] == {"llamacpp": 1}
+    assert models["smollm2-135m-draft"].model_extra["backends"] == {}
+    assert sdk.models.retrieve(MODEL).id == MODEL
+
+
+def test_chat_greedy_equals_the_fleets_own_client_and_says_how_it_was_routed(sdk, client):
+    own = client.submit(model=MODEL, messages=ASK, sampling={"max_tokens": 24}).result(timeout=120)
+    raw = sdk.chat.completions.with_raw_response.create(model=MODEL, messages=ASK, temperature=0, max_tokens=24)
+    answer = raw.parse()
+    assert answer.choices[0].message.content == own.text and own.text
+    assert answer.choices[0].finish_reason == own.finish_reason
+    assert answer.usage.prompt_tokens == own.usage.prompt_tokens
+    assert answer.usage.completion_tokens == own.usage.completion_tokens
+    assert raw.headers["x-ib-backend"] == "llamacpp"
+    assert "latency target < 100 ms? no" in raw.headers["x-ib-decision-path"]
+    record = client.record(raw.headers["x-ib-job-id"])  # the answer came from that fleet job
+    assert record["status"] == "completed" and record["backend"] == "llamacpp"
+
+
+def test_a_streamed_chat_is_the_same_answer_in_chunks_with_usage_last(sdk):
+    whole = sdk.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=24)
+    chunks = list(
+        sdk.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            temperature=0,
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 3  # deltas, not one blob
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_text_completions_plain_and_streamed(sdk, client):
+    prompt = "The capital of France is"
+    own = client.submit(model=MODEL, prompt=prompt, sampling={"max_tokens": 12}).result(timeout=120)
+    done = sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    assert done.object == "text_completion" and done.choices[0].text == own.text
+    streamed = sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == own.text
+
+
+def test_a_batch_through_files_and_batches_with_a_bad_line_in_the_error_file(sdk, tmp_path):
+    lines = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": q}], "max_tokens": 8, "temperature": 0},
+        }
+        for i, q in enumerate(["Say hi.", "Name a colour.", "What is 2+2?"])
+    ]
+    path = tmp_path / "requests.jsonl"
+    text = "\n".join(json.dumps(x) for x in lines[:2]) + "\n{not json\n" + json.dumps(lines[2]) + "\n"
+    path.write_text(text)
+    uploaded = sdk.files.create(file=path.open("rb"), purpose="batch")
+    assert (uploaded.bytes, uploaded.purpose, uploaded.filename) == (len(text.encode()), "batch", "requests.jsonl")
+    assert sdk.files.content(uploaded.id).content == text.encode()
+    batch = sdk.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"run": "t"}
+    )
+    assert batch.status in ("validating", "in_progress") and batch.metadata == {"run": "t"}
+
+    def ended():
+        b = sdk.batches.retrieve(batch.id)
+        return b if b.status in ("completed", "failed", "cancelled", "expired") else None
+
+    batch = wait_for(ended, 180, "the batch to end")
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (4, 3, 1)
+    assert batch.usage.input_tokens > 0 and batch.usage.output_tokens > 0
+    assert batch.input_file_id == uploaded.id and batch.completed_at >= batch.created_at
+    out = [json.loads(x) for x in sdk.files.content(batch.output_file_id).text.splitlines()]
+    assert [r["custom_id"] for r in out] == ["q0", "q1", "q2"]  # one record per line, in input order
+    assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in out)
+    assert all(r["response"]["body"]["choices"][0]["message"]["content"] for r in out)
+    errors = [json.loads(x) for x in sdk.files.content(batch.error_file_id).text.splitlines()]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == "invalid_json"
+    assert "line 3" in errors[0]["error"]["message"]
+    meta = sdk.files.retrieve(batch.output_file_id)
+    assert meta.purpose == "batch_output" and meta.bytes == len(sdk.files.content(batch.output_file_id).content)
+    assert batch.id in [b.id for b in sdk.batches.list(limit=100)]
+
+
+def test_a_cancelled_batch_stops_and_accounts_for_every_line(sdk, tmp_path):
+    path = tmp_path / "long.jsonl"
+    body = {"model": MODEL, "prompt": "1, 2, 3, 4,", "max_tokens": 200, "temperature": 0}
+    path.write_text(
+        "".join(
+            json.dumps({"custom_id": f"n{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n"
+            for i in range(30)
+        )
+    )
+    uploaded = sdk.files.create(file=path.open("rb"), purpose="batch")
+    batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+    cancelling = sdk.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    batch = wait_for(lambda: (b := sdk.batches.retrieve(batch.id)).status == "cancelled" and b, 120, "cancelled")
+    counts = batch.request_counts
+    assert counts.total == 30 and counts.completed + counts.failed == 30 and counts.failed >= 20
+    errors = [json.loads(x) for x in sdk.files.content(batch.error_file_id).text.splitlines()]
+    assert len(errors) == counts.failed and {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+
+
+def test_no_key_or_a_wrong_key_is_401(gateway):
+    for key in (None, "not-a-key"):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        r = httpx.get(f"{gateway.url}/v1/models", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    bad = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="not-a-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=MODEL, messages=ASK)
+
+
+def test_another_key_sees_none_of_this_keys_files_or_batches(sdk, sdk_b, tmp_path):
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"custom_id": "x", "prompt": "Hi", "max_tokens": 2}) + "\n")
+    uploaded = sdk.files.create(file=path.open("rb"), purpose="batch")
+    batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+    with pytest.raises(openai.NotFoundError):
+        sdk_b.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk_b.batches.cancel(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk_b.files.retrieve(uploaded.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk_b.files.content(uploaded.id)
+    with pytest.raises(openai.NotFoundError):  # nor make a batch of it
+        sdk_b.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+    assert batch.id not in [b.id for b in sdk_b.batches.list()]
+    assert uploaded.id not in [f.id for f in sdk_b.files.list()]
+    assert sdk.files.delete(uploaded.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        sdk.files.retrieve(uploaded.id)
+
+
+def test_bad_requests_get_openais_errors_naming_the_field(sdk, gateway):
+    with pytest.raises(openai.NotFoundError, match="unknown model"):
+        sdk.chat.completions.create(model="no-such-model", messages=ASK)
+    with pytest.raises(openai.BadRequestError) as exc:
+        sdk.chat.completions.create(model=MODEL, messages=ASK, tools=[{"type": "function", "function": {"name": "f"}}])
+    assert exc.value.body["param"] == "tools" and exc.value.code == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as exc:
+        sdk.chat.completions.create(model=MODEL, messages=ASK, n=2)
+    assert exc.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as exc:
+        sdk.chat.completions.create(model=MODEL, messages=ASK, extra_body={"backend": "nope"})
+    assert "unknown backend" in exc.value.message
+    headers = {"Authorization": f"Bearer {KEY_A}", "Content-Type": "application/json"}
+    deep = '{"model": "m", "messages": ' + "[" * 100 + "]" * 100 + "}"
+    r = httpx.post(f"{gateway.url}/v1/chat/completions", content=deep, headers=headers)
+    assert r.status_code == 400 and "nested deeper" in r.json()["error"]["message"]
+    r = httpx.post(f"{gateway.url}/v1/chat/completions", content=b"{oops", headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    big = b"x" * ((1 << 20) + (2 << 20))  # over max_file_bytes (1 MiB here) and the form's slack
+    r = httpx.post(
+        f"{gateway.url}/v1/files", headers={"Authorization": f"Bearer {KEY_A}"}, files={"file": ("big.jsonl", big)}
+    )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_client_that_hangs_up_mid_stream_cancels_its_job(gateway, client):
+    body = {"model": MODEL, "prompt": "1, 2, 3, 4,", "max_tokens": 400, "temperature": 0, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    with httpx.stream("POST", f"{gateway.url}/v1/completions", json=body, headers=headers, timeout=60) as r:
+        job_id = r.headers["x-ib-job-id"]
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 3:
+                break  # leaving the block closes the connection mid-answer
+    result = wait_for(lambda: client.store.final(job_id), 60, "the abandoned job to end")
+    status, payload = result
+    assert status == "cancelled" and payload["finish_reason"] == "cancelled"
+    assert 3 <= payload["usage"]["completion_tokens"] < 400
+
+
+def test_a_client_that_hangs_up_while_its_job_is_still_queued_cancels_it(gateway, client):
+    """Nothing is sent while a job waits in the queue, so only listening notices the hang-up."""
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 4, "stream": True, "backend": "onnx"}  # no onnx worker
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    with httpx.stream("POST", f"{gateway.url}/v1/completions", json=body, headers=headers, timeout=60) as r:
+        job_id = r.headers["x-ib-job-id"]
+        assert client.status(job_id) == "queued"
+    wait_for(lambda: client.store.cancelled({job_id: None}), 10, "the queued job's cancel flag")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_reads_the_stream_as_server_sent_events(gateway):
+    body = json.dumps({"model": MODEL, "messages": ASK, "max_tokens": 8, "temperature": 0, "stream": True})
+    out = subprocess.run(
+        ["curl", "-sN", f"{gateway.url}/v1/chat/completions", "-H", f"Authorization: Bearer {KEY_A}",
+         "-H", "Content-Type: application/json", "-d", body],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    events = [e for e in out.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_request_metrics_are_served_behind_the_key(gateway, sdk):
+    sdk.models.list()
+    assert httpx.get(f"{gateway.url}/metrics").status_code == 401
+    text = httpx.get(f"{gateway.url}/metrics", headers={"Authorization": f"Bearer {KEY_A}"}).text
+    assert 'ib_gateway_requests_total{method="GET",route="/v1/models",status="200"}' in text
+    assert 'ib_gateway_requests_total{method="GET",route="/v1/models",status="401"}' in text
+    assert "ib_gateway_request_seconds_bucket" in text
+    assert "Name a river" not in gateway.log_path.read_text()  # no prompts in the log
+
+
+def test_a_key_over_its_queue_limit_gets_429_and_no_live_worker_503(redis_url, worker, tmp_path):
+    env = gateway_env(tmp_path, IB_GATEWAY_MAX_INFLIGHT_PER_KEY="1", IB_DECISION_NO_WORKER_POLICY="reject")
+    with GatewayProcess(redis_url, env=env, log_dir=ARTIFACTS / "logs") as gw:
+        sdk = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY_A, max_retries=0)
+        with pytest.raises(openai.InternalServerError) as exc:  # policy reject, no onnx worker: 503
+            sdk.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"backend": "onnx"})
+        assert exc.value.status_code == 503 and exc.value.code == "no_live_worker"
+        long = sdk.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=300, temperature=0, stream=True)
+        try:
+            next(iter(long))  # the first request is being answered
+            with pytest.raises(openai.RateLimitError) as exc:
+                sdk.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+            assert exc.value.response.headers["retry-after"] == "2"
+            other = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY_B, max_retries=0)
+            assert other.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices  # its own limit
+        finally:
+            long.close()
+        # the slot comes back when the first request ends (here: its client left)
+        wait_for(lambda: _answers(sdk), 60, "the key's slot to be free again")
+
+
+def _answers(sdk: openai.OpenAI) -> bool:
+    try:
+        return bool(sdk.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices)
+    except openai.RateLimitError:
+        time.sleep(0.5)
+        return False
+
+
+def test_without_keys_it_refuses_to_listen_beyond_loopback(redis_url, tmp_path):
+    import os
+    import sys
+
+    env = {**os.environ, "REDIS_URL": redis_url, "IB_API_KEYS": "", "IB_API_KEYS_FILE": str(tmp_path / "none")}
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "no API keys" in out.stdout and "Traceback" not in out.stderr
