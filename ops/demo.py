@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import subprocess
 import sys
 
 from rich.markup import escape
@@ -13,7 +15,7 @@ from dispatcher.client import Client
 from dispatcher.registry import ModelRegistry
 from ops.broker import EmbeddedBroker
 from ops.console import console, print_results, watch_batch
-from ops.localfleet import LlamaCppServer, WorkerProcess
+from ops.localfleet import GatewayProcess, LlamaCppServer, WorkerProcess
 from workers.model_prep import prepare
 
 DEMO_PROMPTS = [
@@ -85,6 +87,21 @@ def run_batch_demo(client: Client, max_tokens: int, n_lines: int = 24) -> None:
     console.print(f"results: {n_out} lines → {out_dir / 'out.jsonl'}, {n_err} errors → {out_dir / 'errors.jsonl'}")
 
 
+def run_gateway_demo(url: str) -> None:
+    """`ib serve` in front of the same fleet, driven by an unmodified OpenAI SDK script."""
+    key = "ib-demo-" + secrets.token_urlsafe(12)
+    console.print("\n[bold]OpenAI API[/]: `ib serve` with one API key; examples/openai_quickstart.py runs unmodified")
+    with GatewayProcess(url, env={"IB_API_KEYS": key}) as gateway:
+        console.print(f"gateway at {gateway.url}/v1 (log {gateway.log_path})")
+        env = {**os.environ, "OPENAI_BASE_URL": f"{gateway.url}/v1", "OPENAI_API_KEY": key}
+        script = settings.REPO_ROOT / "examples" / "openai_quickstart.py"
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+        for line in out.stdout.splitlines():
+            console.print(f"    {escape(line)}", highlight=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"the OpenAI SDK script failed:\n{out.stderr[-2000:]}")
+
+
 def run_demo(n_prompts: int = 12, max_tokens: int = 48) -> int:
     logging.basicConfig(level=logging.WARNING)
     broker = None
@@ -124,6 +141,7 @@ def run_demo(n_prompts: int = 12, max_tokens: int = 48) -> int:
                 results = [h.result(timeout=600) for h in handles]
             print_results(results, labels)
             run_batch_demo(client, max_tokens)
+        run_gateway_demo(url)
         return 0
     except Exception as exc:  # noqa: BLE001 - the demo reports, then cleans up
         console.print(f"[red]demo failed:[/] {exc}")

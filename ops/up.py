@@ -1,9 +1,10 @@
 """`ib up`: a whole fleet on this host, for as long as the command runs.
 
 Starts (unless ``REDIS_URL`` points at one) the embedded broker, one worker per backend,
-Flower with basic auth, and one Prometheus endpoint for every worker it started: the
-workers share a ``PROMETHEUS_MULTIPROC_DIR`` and this process serves the sum (their own
-``worker`` label keeps them apart). Ctrl-C or SIGTERM stops it all; workers drain first.
+Flower with basic auth, the OpenAI-compatible gateway (``--serve``), and one Prometheus
+endpoint for every worker it started: the workers share a ``PROMETHEUS_MULTIPROC_DIR`` and
+this process serves the sum (their own ``worker`` label keeps them apart). Ctrl-C or SIGTERM
+stops it all; workers drain first.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 from dispatcher import connection
 from ops.broker import EmbeddedBroker
 from ops.flower import FlowerProcess
-from ops.localfleet import WorkerProcess, free_port
+from ops.localfleet import GatewayProcess, WorkerProcess, free_port
 from workers.metrics import MULTIPROC_ENV
 
 
@@ -37,11 +38,13 @@ class LocalFleet:
     flower_port: int | None = None  # None: no Flower
     flower_auth: str | None = None
     metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
+    serve_port: int | None = None  # None: no HTTP gateway
     worker_args: dict[str, list[str]] = field(default_factory=dict)
     log_dir: Path | None = None
     broker: EmbeddedBroker | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     flower: FlowerProcess | None = None
+    gateway: GatewayProcess | None = None
     redis_url: str = ""
     multiproc_dir: Path | None = None
 
@@ -75,8 +78,12 @@ class LocalFleet:
             # After the workers: Flower inspects them once at start, which is where its
             # broker view learns each worker's own queue (a Refresh in the UI does it later).
             self.flower = FlowerProcess(url, self.flower_port, self.flower_auth, log_dir=self.log_dir).start()
+        if self.serve_port is not None:
+            self.gateway = GatewayProcess(url, port=self.serve_port or None, log_dir=self.log_dir).start()
 
     def stop(self) -> None:
+        if self.gateway is not None:  # first: no new requests while the workers drain
+            self.gateway.stop()
         for w in self.workers:
             w.stop()
             if self.multiproc_dir is not None and w.proc is not None:

@@ -30,8 +30,10 @@ def up(
     metrics_port: Annotated[
         int | None, typer.Option(help="Prometheus /metrics of all workers (default: metrics.host_port)")
     ] = None,
+    serve: Annotated[bool, typer.Option(help="start the OpenAI-compatible HTTP gateway (`ib serve`) too")] = False,
+    serve_port: Annotated[int | None, typer.Option(help="the gateway's port (default: gateway.port)")] = None,
 ) -> None:
-    """Run a fleet here until Ctrl-C: broker (unless REDIS_URL), workers, Flower, metrics."""
+    """Run a fleet here until Ctrl-C: broker (unless REDIS_URL), workers, Flower, metrics, gateway."""
     cfg = settings.fleet_config()
     auth = configured_auth()
     shown_auth = None
@@ -43,6 +45,7 @@ def up(
         flower_port=(flower_port or cfg.flower.port) if flower else None,
         flower_auth=auth,
         metrics_port=cfg.metrics.host_port if metrics_port is None else metrics_port,
+        serve_port=(serve_port or cfg.gateway.port) if serve else None,
     )
     stop_on_sigterm()
     try:
@@ -57,6 +60,8 @@ def up(
         if fleet.flower is not None:
             table.add_row("Flower", fleet.flower.url + ("" if shown_auth is None else f" (user:password {shown_auth})"))
         table.add_row("metrics", f"http://127.0.0.1:{fleet.metrics_port}/metrics")
+        if fleet.gateway is not None:
+            table.add_row("OpenAI API", f"{fleet.gateway.url}/v1 (log {fleet.gateway.log_path})")
         console.print(table)
         if fleet.broker is not None:
             console.print(f"submit with: REDIS_URL={fleet.redis_url} ib submit -m 'Hello'")

@@ -51,7 +51,13 @@ def parse_line(
     """One input line. ``defaults`` fill in what a line leaves out (model, priority,
     batch_id, slo); ``seen`` collects custom_ids so a duplicate is refused; ``endpoint``,
     if given, is the one url every line must use. Blank lines give None."""
-    if not (text := raw.decode() if isinstance(raw, bytes) else raw).strip():
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        message = f"line {line_no} is not UTF-8 (byte {exc.start + 1}); save the file as UTF-8"
+        return LineError(line_no, None, "invalid_utf8", message)
+    text = text.removeprefix("\ufeff")  # a byte-order mark (Windows editors, Excel's "UTF-8 CSV")
+    if not text.strip():
         return None
     try:
         data = json.loads(text)

@@ -319,3 +319,17 @@ def test_without_keys_it_refuses_to_listen_beyond_loopback(redis_url, tmp_path):
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2 and "no API keys" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_an_unmodified_openai_sdk_script_runs_against_the_gateway(gateway):
+    import os
+    import sys
+
+    from dispatcher.settings import REPO_ROOT
+
+    env = {**os.environ, "OPENAI_BASE_URL": f"{gateway.url}/v1", "OPENAI_API_KEY": KEY_B}
+    script = REPO_ROOT / "examples" / "openai_quickstart.py"
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "chat: " in out.stdout and "stream: " in out.stdout
+    assert "completed, 3/3 completed" in out.stdout and "  q2: " in out.stdout

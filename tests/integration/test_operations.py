@@ -33,11 +33,12 @@ class UpProcess:
     """`ib up` as a user runs it, in its own process group."""
 
     def __init__(self, redis_url: str) -> None:
-        self.flower_port, self.metrics_port = free_port(), free_port()
+        self.flower_port, self.metrics_port, self.serve_port = free_port(), free_port(), free_port()
         self.auth = f"ops:{secrets.token_urlsafe(8)}"
         self.log = ARTIFACTS / "logs" / "ib-up.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "REDIS_URL": redis_url, "IB_FLOWER_BASIC_AUTH": self.auth, "COLUMNS": "200"}
+        env["IB_API_KEYS"] = self.api_key = secrets.token_urlsafe(16)
         with self.log.open("wb") as fh:
             self.proc = subprocess.Popen(
                 [
@@ -51,6 +52,8 @@ class UpProcess:
                     "onnx",
                     f"--flower-port={self.flower_port}",
                     f"--metrics-port={self.metrics_port}",
+                    "--serve",
+                    f"--serve-port={self.serve_port}",
                 ],
                 env=env,
                 stdout=fh,
@@ -59,6 +62,7 @@ class UpProcess:
             )
         self.flower = f"http://127.0.0.1:{self.flower_port}"
         self.metrics = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        self.gateway = f"http://127.0.0.1:{self.serve_port}/v1"
         self.header = {"Authorization": "Basic " + base64.b64encode(self.auth.encode()).decode()}
 
     def wait_up(self, redis_url: str) -> list:
@@ -274,3 +278,17 @@ def test_explain_under_the_profile_policy_says_where_it_differs_from_the_tree(fl
     )
     # the tree stays the default
     assert "decision for smollm2-135m: llamacpp" in plain.stdout and "profile" not in plain.stdout
+
+
+def test_ib_up_serve_starts_the_openai_gateway_in_front_of_its_workers(fleet_up):
+    import openai
+
+    up, _ = fleet_up
+    sdk = openai.OpenAI(base_url=up.gateway, api_key=up.api_key, max_retries=0, timeout=120)
+    assert sdk.models.retrieve(MODEL).model_extra["backends"] == {"llamacpp": 1, "onnx": 1}
+    ask = [{"role": "user", "content": f"{SECRET}: say hi."}]
+    answer = sdk.chat.completions.create(model=MODEL, messages=ask, max_tokens=4, extra_body={"latency_target_ms": 50})
+    assert answer.choices[0].message.content and answer.usage.completion_tokens >= 1
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=up.gateway, api_key="wrong", max_retries=0).models.list()
+    assert SECRET not in up.log.read_text()  # ib up's own log: no prompt

@@ -197,3 +197,11 @@ def test_a_batch_lines_outcome_becomes_its_line_record_and_other_jobs_have_none(
     prompt_line = line.model_copy(update={"messages": None, "prompt": "Hi"})
     assert line_record(prompt_line, result()).record["response"]["body"]["object"] == "text_completion"
     assert line_record(GenerationJob(model=MODEL, prompt="Hi"), result()) is None  # not a batch line
+
+
+def test_a_byte_order_mark_is_read_past_and_a_line_that_is_not_utf8_is_that_lines_error(registry):
+    line = json.dumps({"custom_id": "bom", "prompt": "Hi", "model": MODEL}).encode()
+    p = parse_line(1, b"\xef\xbb\xbf" + line + b"\r\n", registry, {}, set())
+    assert isinstance(p, ParsedLine) and p.custom_id == "bom"  # a BOM and CRLF, as Windows tools save
+    bad = parse_line(2, b'{"custom_id": "x", "prompt": "caf\xe9"}\n', registry, {}, set())  # Latin-1, not UTF-8
+    assert isinstance(bad, LineError) and bad.code == "invalid_utf8" and bad.line == 2 and "byte 34" in bad.message

@@ -163,3 +163,19 @@ def test_multi_stage_images_run_as_a_non_root_user():
         assert text.count("FROM ") == 2 and " AS builder" in text and "COPY --from=builder" in text, dockerfile
         assert "USER ib" in text and "useradd" in text, dockerfile
     assert "llama-cpp-python" in (ROOT / "deploy" / "Dockerfile.cpu").read_text().split("FROM python:3.11-slim\n")[0]
+
+
+def test_the_gateway_is_deployed_stateless_behind_a_service_with_keys_from_a_secret():
+    svc = compose()["services"]["gateway"]
+    assert svc["command"][0] == "serve" and all(p.startswith("127.0.0.1:") for p in svc["ports"])  # loopback
+    docs = manifests()
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gateway")
+    assert deployment["spec"]["replicas"] >= 2  # no state in the process: replicas must just work
+    pod = deployment["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["IB_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "ib-secrets"
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] in claims)
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # every replica reads every upload
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "gateway")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
