@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-profiles clean
+.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-profiles clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,10 @@ bench-prefix: install
 
 bench-speculative: install
 	$(PY) -m bench.speculative
+
+# The HTTP gateway vs the Python client vs llama.cpp's own llama-server (built once, cached).
+bench-gateway: install
+	$(PY) -m bench.gateway
 
 # The seed's profile table: each CPU backend started here in turn, measured, written to
 # config/profiles.json and docs/BENCHMARKS.md (GPU rows measured elsewhere are kept).

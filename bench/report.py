@@ -12,6 +12,18 @@ from typing import Any
 from workers import hardware
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100), linearly interpolated between the closest ranks: the
+    same definition as numpy's default and ``statistics.quantiles(method="inclusive")``."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of no values")
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
 def save(name: str, args: argparse.Namespace, **payload: Any) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,8 @@ JOB_ERROR_STATUS: dict[str, tuple[int, str]] = {
     "timeout": (504, "timeout"),
     "engine_failure": (500, "server_error"),
 }
+# OpenAI's own code where it has one for the same thing.
+OPENAI_CODE = {"unknown_model": "model_not_found"}
 STATUS_TYPE = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -67,7 +69,7 @@ class APIError(Exception):
         errors = exc.details.get("errors") if isinstance(exc.details, dict) else None
         if errors and isinstance(errors, list):
             param = str(errors[0].get("field")) or None
-        return cls(status, exc.message, exc.code, param, type_)
+        return cls(status, exc.message, OPENAI_CODE.get(exc.code, exc.code), param, type_)
 
 
 def install(app: FastAPI) -> None:

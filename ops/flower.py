@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from dispatcher import settings
-from ops.localfleet import wait_http
+from ops.localfleet import terminate, wait_http
 
 AUTH_ENV = "IB_FLOWER_BASIC_AUTH"
 
@@ -79,9 +79,4 @@ class FlowerProcess:
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        terminate(self.proc, timeout=15)

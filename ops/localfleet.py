@@ -128,6 +128,18 @@ def wait_http(proc: subprocess.Popen, url: str, what: str, log_path: Path, timeo
     raise TimeoutError(f"{what} not answering at {url} after {timeout} s; see {log_path}")
 
 
+def terminate(proc: subprocess.Popen | None, timeout: float = 30) -> None:
+    """SIGTERM a server and wait for it; SIGKILL it if it does not stop in ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -217,16 +229,44 @@ class GatewayProcess:
         return self
 
     def stop(self, timeout: float = 30) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc, timeout)  # uvicorn's graceful shutdown lets open requests finish
 
     def __enter__(self) -> GatewayProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def llama_server_binary() -> str:
+    """llama.cpp's own `llama-server`, built once from the llama-cpp-python sdist's source
+    and cached (scripts/llama_server.sh): the peer the benchmarks compare with."""
+    script = settings.REPO_ROOT / "scripts" / "llama_server.sh"
+    out = subprocess.run([str(script), sys.executable], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"building llama-server failed:\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+class NativeLlamaServer:
+    """llama.cpp's C++ `llama-server` on loopback: continuous batching over ``slots``."""
+
+    def __init__(self, binary: str, gguf: str, threads: int, slots: int, ctx: int, log_dir: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            binary, "-m", gguf, "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(ctx),
+            "--host", "127.0.0.1", "--port", str(self.port), "--no-webui",
+        ]  # fmt: skip
+        self.log_path = (log_dir or settings.data_dir() / "logs") / f"llama-server-native-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120) -> NativeLlamaServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        wait_http(self.proc, f"{self.url}/health", "llama-server", self.log_path, timeout)
+        return self
+
+    def stop(self) -> None:
+        terminate(self.proc)

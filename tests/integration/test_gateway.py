@@ -205,8 +205,9 @@ def test_another_key_sees_none_of_this_keys_files_or_batches(sdk, sdk_b, tmp_pat
 
 
 def test_bad_requests_get_openais_errors_naming_the_field(sdk, gateway):
-    with pytest.raises(openai.NotFoundError, match="unknown model"):
+    with pytest.raises(openai.NotFoundError, match="unknown model") as missing:
         sdk.chat.completions.create(model="no-such-model", messages=ASK)
+    assert missing.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as exc:
         sdk.chat.completions.create(model=MODEL, messages=ASK, tools=[{"type": "function", "function": {"name": "f"}}])
     assert exc.value.body["param"] == "tools" and exc.value.code == "unsupported_parameter"
@@ -243,6 +244,18 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_job(gateway, client):
     status, payload = result
     assert status == "cancelled" and payload["finish_reason"] == "cancelled"
     assert 3 <= payload["usage"]["completion_tokens"] < 400
+
+
+def test_a_client_that_gives_up_on_a_plain_request_cancels_its_job(gateway, client):
+    body = {"model": MODEL, "prompt": "1, 2, 3, 4,", "max_tokens": 400, "temperature": 0}
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    before = {k.decode() for k in client.redis.scan_iter("ib:job:*")}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway.url}/v1/completions", json=body, headers=headers, timeout=2)
+    new = wait_for(lambda: {k.decode() for k in client.redis.scan_iter("ib:job:*")} - before, 10, "the job's record")
+    (job_id,) = [k.removeprefix("ib:job:") for k in new]
+    status, payload = wait_for(lambda: client.store.final(job_id), 60, "the abandoned job to end")
+    assert status == "cancelled" and payload["usage"]["completion_tokens"] < 400
 
 
 def test_a_client_that_hangs_up_while_its_job_is_still_queued_cancels_it(gateway, client):
