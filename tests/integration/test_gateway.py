@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
 KEY_A, KEY_B = "test-key-alpha", "test-key-bravo"
 ASK = [{"role": "user", "content": "Name a river in Germany."}]
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +132,7 @@ def test_a_batch_through_files_and_batches_with_a_bad_line_in_the_error_file(sdk
     )
     assert batch.status in ("validating", "in_progress") and batch.metadata == {"run": "t"}
 
-    def ended():
-        b = sdk.batches.retrieve(batch.id)
-        return b if b.status in ("completed", "failed", "cancelled", "expired") else None
-
-    batch = wait_for(ended, 180, "the batch to end")
+    batch = wait_for(lambda: (b := sdk.batches.retrieve(batch.id)).status not in ACTIVE and b, 180, "the batch")
     assert batch.status == "completed", batch
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (4, 3, 1)
     assert batch.usage.input_tokens > 0 and batch.usage.output_tokens > 0
@@ -165,7 +162,8 @@ def test_a_cancelled_batch_stops_and_accounts_for_every_line(sdk, tmp_path):
     batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
     cancelling = sdk.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
-    batch = wait_for(lambda: (b := sdk.batches.retrieve(batch.id)).status == "cancelled" and b, 120, "cancelled")
+    batch = wait_for(lambda: (b := sdk.batches.retrieve(batch.id)).status not in ACTIVE and b, 120, "the cancel")
+    assert batch.status == "cancelled"
     counts = batch.request_counts
     assert counts.total == 30 and counts.completed + counts.failed == 30 and counts.failed >= 20
     errors = [json.loads(x) for x in sdk.files.content(batch.error_file_id).text.splitlines()]
@@ -184,9 +182,10 @@ def test_no_key_or_a_wrong_key_is_401(gateway):
 
 def test_another_key_sees_none_of_this_keys_files_or_batches(sdk, sdk_b, tmp_path):
     path = tmp_path / "one.jsonl"
-    path.write_text(json.dumps({"custom_id": "x", "prompt": "Hi", "max_tokens": 2}) + "\n")
+    path.write_text(json.dumps({"custom_id": "x", "model": MODEL, "prompt": "Hi", "max_tokens": 2}) + "\n")
     uploaded = sdk.files.create(file=path.open("rb"), purpose="batch")
     batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+    assert batch.status == "in_progress"
     with pytest.raises(openai.NotFoundError):
         sdk_b.batches.retrieve(batch.id)
     with pytest.raises(openai.NotFoundError):
@@ -346,3 +345,41 @@ def test_an_unmodified_openai_sdk_script_runs_against_the_gateway(gateway):
     assert out.returncode == 0, out.stderr
     assert "chat: " in out.stdout and "stream: " in out.stdout
     assert "completed, 3/3 completed" in out.stdout and "  q2: " in out.stdout
+
+
+def test_two_replicas_share_everything_through_redis_and_the_file_store(redis_url, gateway, tmp_path):
+    """What a Kubernetes Service in front of several gateways relies on: no state in a process."""
+    env = gateway_env(tmp_path)
+    env["IB_GATEWAY_FILES_URL"] = gateway.env["IB_GATEWAY_FILES_URL"]  # the shared volume
+    with GatewayProcess(redis_url, env=env, log_dir=ARTIFACTS / "logs") as other:
+        one = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY_A, max_retries=0, timeout=120)
+        two = openai.OpenAI(base_url=f"{other.url}/v1", api_key=KEY_A, max_retries=0, timeout=120)
+        path = tmp_path / "r.jsonl"
+        path.write_text(json.dumps({"custom_id": "r", "model": MODEL, "prompt": "Hi", "max_tokens": 3}) + "\n")
+        uploaded = one.files.create(file=path.open("rb"), purpose="batch")
+        batch = two.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+        done = wait_for(lambda: (b := one.batches.retrieve(batch.id)).status not in ACTIVE and b, 120, "the batch")
+        assert done.status == "completed", done.errors
+        assert json.loads(two.files.content(done.output_file_id).text)["custom_id"] == "r"
+        assert uploaded.id in [f.id for f in two.files.list()]
+
+
+def test_files_live_in_any_fsspec_store(redis_url):
+    """The file store is fsspec all the way: here its in-memory filesystem, as s3:// would be."""
+    import io
+
+    import redis
+
+    from gateway.files import FileStore, FileTooLarge
+
+    store = FileStore(redis.Redis.from_url(redis_url), "memory://ib-test-files", max_bytes=64)
+    record = store.save("tenant-a", "../../etc/passwd", "batch", io.BytesIO(b'{"a": 1}\n{"b": 2}\n'))
+    assert record["filename"] == "passwd" and record["path"].startswith("/ib-test-files/tenant-a/")
+    assert list(store.lines(store.get("tenant-a", record["id"]))) == [b'{"a": 1}\n', b'{"b": 2}\n']
+    with pytest.raises(Exception, match="No such File"):
+        store.get("tenant-b", record["id"])
+    with pytest.raises(FileTooLarge):
+        store.save("tenant-a", "big.jsonl", "batch", io.BytesIO(b"x" * 65))
+    assert [r["id"] for r in store.list("tenant-a", None, None, 10)[0]] == [record["id"]]  # nothing half-written
+    store.delete("tenant-a", record["id"])
+    assert not store.fs.exists(record["path"]) and store.list("tenant-a", None, None, 10) == ([], False)
