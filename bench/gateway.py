@@ -11,14 +11,23 @@ Three arms, the same 32 chat prompts, greedy, the same max tokens:
 
 The fleet arms share one `ib worker --backend llamacpp` (``--threads``; 8 sequences, an
 8192-token KV cache), llama-server runs ``-np slots -c 8192``: the same batch width and
-cache. All three serve on this machine at once; only the arm being measured is busy.
+cache. Only one engine is alive at a time (ggml's threads spin for a while after work, which
+would slow whatever runs next on two cores): each round starts the fleet side (worker +
+gateway) and the peer side in turn, the side that goes first alternating by round.
+Every request's user message starts with a tag unique to its arm, round and prompt (same
+length everywhere), so no arm is served from a prefix another arm left in the KV cache;
+what all requests share (the chat template's system turn) is cached for every arm alike.
 
 Measured:
-1. added latency of the gateway: one request at a time, gateway and client paired and
-   alternating in order, non-streaming; the median of the per-pair differences.
-2. TTFT one at a time, streaming, the three arms in rotating order per prompt.
+1. added latency of the gateway: one request at a time, non-streaming, the gateway through
+   the SDK, the gateway over plain httpx, and the client, in rotating order. For each
+   request, its time at the caller minus the time the fleet spent on its job (the job
+   record's submitted → finished): the path outside the job. The gateway's added latency
+   is the median of that for the gateway minus the median for the client, which leaves
+   the engine's own variance out.
+2. TTFT one at a time, streaming (on the fleet side gateway and client alternate).
 3. saturated: all prompts, ``--concurrency`` in flight, streaming; TTFT p50 and aggregate
-   generated tokens/s; ``--rounds`` rounds, the arms' order rotating each round.
+   generated tokens/s, in each of ``--rounds`` rounds.
 Prints a table and writes JSON to bench/results/.
 """
 
@@ -33,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import openai
 from rich.console import Console
 from rich.table import Table
@@ -55,10 +65,16 @@ class Sample:
     ttft_s: float | None
     e2e_s: float
     tokens: int
+    job_id: str | None = None  # the fleet job behind it (the fleet arms)
 
 
 def messages(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
+
+
+def tagged(texts: list[str], arm: str, phase: str) -> list[str]:
+    """The prompts with a tag of one length, unique to this arm and phase, in front."""
+    return [f"[{arm[:2]}{phase}{i:03d}] {t}" for i, t in enumerate(texts)]
 
 
 class SdkArm:
@@ -71,8 +87,11 @@ class SdkArm:
         t0 = time.perf_counter()
         if not stream:
             ask = messages(text)
-            r = self.sdk.chat.completions.create(model=MODEL, messages=ask, max_tokens=max_tokens, temperature=0)
-            return Sample(None, time.perf_counter() - t0, r.usage.completion_tokens)
+            raw = self.sdk.chat.completions.with_raw_response.create(
+                model=MODEL, messages=ask, max_tokens=max_tokens, temperature=0
+            )
+            r = raw.parse()
+            return Sample(None, time.perf_counter() - t0, r.usage.completion_tokens, raw.headers.get("x-ib-job-id"))
         ttft, tokens = None, 0
         chunks = self.sdk.chat.completions.create(
             model=MODEL,
@@ -90,6 +109,22 @@ class SdkArm:
         return Sample(ttft, time.perf_counter() - t0, tokens)
 
 
+class HttpArm:
+    """The gateway over plain HTTP (httpx, no SDK): what the gateway itself adds, without
+    the SDK's own request building and response parsing."""
+
+    def __init__(self, base_url: str, key: str) -> None:
+        self.url = f"{base_url}/chat/completions"
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=600)
+
+    def run(self, text: str, max_tokens: int, stream: bool) -> Sample:
+        t0 = time.perf_counter()
+        body = {"model": MODEL, "messages": messages(text), "max_tokens": max_tokens, "temperature": 0}
+        r = self.http.post(self.url, json=body)
+        r.raise_for_status()
+        return Sample(None, time.perf_counter() - t0, r.json()["usage"]["completion_tokens"], r.headers["x-ib-job-id"])
+
+
 class ClientArm:
     def __init__(self, client: Client) -> None:
         self.client = client
@@ -104,7 +139,7 @@ class ClientArm:
                 if ttft is None and delta:
                     ttft = time.perf_counter() - t0
         result = handle.result(timeout=600)
-        return Sample(ttft, time.perf_counter() - t0, result.usage.completion_tokens)
+        return Sample(ttft, time.perf_counter() - t0, result.usage.completion_tokens, handle.id)
 
 
 Arm = Callable[[str, int, bool], Sample]
@@ -127,8 +162,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--pairs", type=int, default=32, help="sequential gateway/client pairs for the added latency")
-    ap.add_argument("--latency-tokens", type=int, default=16, help="max tokens of those sequential requests")
+    ap.add_argument("--pairs", type=int, default=16, help="sequential gateway/client pairs per round (16 tokens)")
     ap.add_argument("--ttft-prompts", type=int, default=8, help="one-at-a-time TTFT samples per arm")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -144,60 +178,66 @@ def main() -> int:
         broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "bench-broker").start(announce=False)
         url = broker.url
     key = "bench-" + secrets.token_urlsafe(12)
-    worker = WorkerProcess("llamacpp", url, extra_args=[f"--threads={args.threads}"])
-    gateway = GatewayProcess(url, env={"IB_API_KEYS": key})
-    server = NativeLlamaServer(binary, gguf, args.threads, args.slots, KV_TOKENS)
-    try:
-        with console.status("starting the llama.cpp worker, the gateway and llama-server..."):
-            worker.start().wait_ready(300)
-            gateway.start()
-            server.start()
-        client = Client(url)
-        arms: dict[str, Arm] = {
-            "gateway": SdkArm(f"{gateway.url}/v1", key).run,
-            "client": ClientArm(client).run,
-            "llama-server": SdkArm(f"{server.url}/v1", "none").run,
-        }
+    one: dict[str, list[float]] = {"gateway": [], "client": [], "llama-server": []}
+    outside: dict[str, list[float]] = {"gateway": [], "gateway-http": [], "client": []}
+    rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
+    client = Client(url)
+
+    def measure(arms: dict[str, Arm], r: int) -> None:
+        """One side's arms in round ``r``: TTFT one at a time, then saturated."""
+        for run in arms.values():  # warm-up: connections, the template's cached turn
+            run(f"[warm{r}] {texts[0]}", 8, True)
         names = list(arms)
-        for run in arms.values():  # warm-up: connections, caches, first-request paths
-            run(texts[0], 8, True)
-            run(texts[1], 8, False)
+        for i in range(args.ttft_prompts):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                got = arms[name](tagged([texts[i]], name, f"T{r}")[0], args.max_tokens, True)
+                if got.ttft_s is not None:
+                    one[name].append(got.ttft_s)
+        for name in names if r % 2 == 0 else names[::-1]:
+            with console.status(f"round {r + 1}: {name}, {len(texts)} prompts, {args.concurrency} in flight..."):
+                rounds[r][name] = saturated(arms[name], tagged(texts, name, f"R{r}"), args.max_tokens, args.concurrency)
 
-        with console.status(f"added latency: {args.pairs} sequential gateway/client pairs..."):
-            diffs, gw_e2e, cl_e2e = [], [], []
-            for i in range(args.pairs):
-                text = texts[i % len(texts)]
-                order = ["gateway", "client"] if i % 2 == 0 else ["client", "gateway"]
-                got = {name: arms[name](text, args.latency_tokens, False) for name in order}
-                if got["gateway"].tokens == got["client"].tokens:  # the same work on both sides
-                    diffs.append(got["gateway"].e2e_s - got["client"].e2e_s)
-                gw_e2e.append(got["gateway"].e2e_s)
-                cl_e2e.append(got["client"].e2e_s)
+    def fleet_side(r: int) -> None:
+        worker = WorkerProcess("llamacpp", url, extra_args=[f"--threads={args.threads}"])
+        gateway = GatewayProcess(url, env={"IB_API_KEYS": key})
+        try:
+            with console.status("starting the llama.cpp worker and the gateway..."):
+                worker.start().wait_ready(300)
+                gateway.start()
+            arms: dict[str, Arm] = {"gateway": SdkArm(f"{gateway.url}/v1", key).run, "client": ClientArm(client).run}
+            measure(arms, r)
+            arms["gateway-http"] = HttpArm(f"{gateway.url}/v1", key).run
+            with console.status(f"added latency: {args.pairs} sequential gateway/client rounds..."):
+                for i in range(args.pairs):
+                    trio = ["gateway", "gateway-http", "client"]
+                    for name in trio[i % 3 :] + trio[: i % 3]:
+                        got = arms[name](tagged([texts[i % len(texts)]], name, f"L{r}{i:02d}")[0], 16, False)
+                        _, payload = client.store.final(got.job_id or "") or ("", {})
+                        t = payload["timings"]
+                        outside[name].append(got.e2e_s - (t["finished"] - t["submitted"]))
+        finally:
+            gateway.stop()
+            worker.stop()
 
-        with console.status("TTFT one at a time..."):
-            one: dict[str, list[float]] = {n: [] for n in names}
-            for i in range(args.ttft_prompts):
-                for name in names[i % 3 :] + names[: i % 3]:
-                    s = arms[name](texts[i], args.max_tokens, True)
-                    if s.ttft_s is not None:
-                        one[name].append(s.ttft_s)
+    def peer_side(r: int) -> None:
+        server = NativeLlamaServer(binary, gguf, args.threads, args.slots, KV_TOKENS)
+        try:
+            with console.status("starting llama-server..."):
+                server.start()
+            measure({"llama-server": SdkArm(f"{server.url}/v1", "none").run}, r)
+        finally:
+            server.stop()
 
-        rounds: list[dict[str, dict]] = []
-        for r in range(args.rounds):
-            order = names[r % 3 :] + names[: r % 3]
-            this: dict[str, dict] = {}
-            for name in order:
-                with console.status(f"round {r + 1}: {name}, {len(texts)} prompts, {args.concurrency} in flight..."):
-                    this[name] = saturated(arms[name], texts, args.max_tokens, args.concurrency)
-            rounds.append(this)
-        client.close()
+    try:
+        for r in range(args.rounds):  # one engine alive at a time; which goes first alternates
+            for side in (fleet_side, peer_side) if r % 2 == 0 else (peer_side, fleet_side):
+                side(r)
     finally:
-        server.stop()
-        gateway.stop()
-        worker.stop()
+        client.close()
         if broker:
             broker.stop()
 
+    names = list(one)
     summary = {
         name: {
             "ttft_one_p50_ms": statistics.median(one[name]) * 1000,
@@ -208,12 +248,13 @@ def main() -> int:
         }
         for name in names
     }
+    p50 = {name: statistics.median(v) * 1000 for name, v in outside.items()}
     added = {
-        "median_ms": statistics.median(diffs) * 1000 if diffs else None,
-        "p90_ms": percentile(diffs, 90) * 1000 if diffs else None,
-        "pairs_compared": len(diffs),
-        "gateway_e2e_p50_ms": statistics.median(gw_e2e) * 1000,
-        "client_e2e_p50_ms": statistics.median(cl_e2e) * 1000,
+        "median_ms": p50["gateway"] - p50["client"],  # through the openai SDK: what a user sees
+        "median_http_ms": p50["gateway-http"] - p50["client"],  # the gateway itself (plain httpx)
+        **{f"{name}_outside_job_p50_ms": v for name, v in p50.items()},
+        **{f"{name}_outside_job_p90_ms": percentile(v, 90) * 1000 for name, v in outside.items()},
+        "requests_each": len(outside["client"]),
     }
     table = Table(title=f"gateway vs client vs llama-server: {len(texts)} prompts, greedy, {args.max_tokens} tokens")
     for col in ("arm", "TTFT p50, one at a time", f"TTFT p50, {args.concurrency} in flight", "tok/s (rounds)"):
@@ -229,8 +270,10 @@ def main() -> int:
     console.print(table)
     base = summary["llama-server"]["tok_s"]
     console.print(
-        f"gateway added latency per request: median {added['median_ms']:.1f} ms, p90 {added['p90_ms']:.1f} ms "
-        f"({added['pairs_compared']} pairs with equal tokens, {args.latency_tokens} tokens each); "
+        f"gateway added latency per request at the median: {added['median_ms']:.1f} ms through the openai SDK, "
+        f"{added['median_http_ms']:.1f} ms over plain HTTP (time outside the job, p50: SDK "
+        f"{p50['gateway']:.1f}, HTTP {p50['gateway-http']:.1f}, client {p50['client']:.1f} ms; "
+        f"{added['requests_each']} requests each, 16 tokens); "
         f"saturated tok/s vs llama-server: gateway {summary['gateway']['tok_s'] / base:.2f}x, "
         f"client {summary['client']['tok_s'] / base:.2f}x"
     )

@@ -41,7 +41,7 @@ def create_app(
             client=client,
             aredis=aredis,
             cfg=cfg,
-            quota=Quota(aredis, cfg.max_inflight_per_key, cfg.request_timeout_s),
+            quota=Quota(client.redis, cfg.max_inflight_per_key, cfg.request_timeout_s),
             files=FileStore(client.redis, files_url(cfg.files_url), cfg.max_file_bytes),
         )
         try:

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, response_body
 from dispatcher.client import JobHandle
@@ -56,21 +57,27 @@ def decision_headers(handle: JobHandle) -> dict[str, str]:
     }
 
 
+class QueueFull(APIError):
+    def __init__(self, limit: int, retry_after_s: int) -> None:
+        message = f"this API key has {limit} requests queued or running: retry later"
+        super().__init__(429, message, "queue_full", headers={"Retry-After": str(retry_after_s)})
+
+
+def submit_within_quota(fleet: Fleet, tenant: str, job: dict[str, Any]) -> JobHandle:
+    """Take a slot of the key's queue limit, then submit; one thread hop for both."""
+    if not fleet.quota.acquire(tenant, job["id"]):
+        raise QueueFull(fleet.cfg.max_inflight_per_key, fleet.cfg.retry_after_s)
+    try:
+        return fleet.client.submit(job)
+    except BaseException:
+        fleet.quota.release(tenant, job["id"])
+        raise
+
+
 async def answer(request: Request, tenant: str, req: Generation, job: dict[str, Any], url: str) -> Response:
     fleet = fleet_of(request)
     job["id"] = uuid.uuid4().hex
-    if not await fleet.quota.acquire(tenant, job["id"]):
-        raise APIError(
-            429,
-            f"this API key has {fleet.cfg.max_inflight_per_key} requests queued or running: retry later",
-            "queue_full",
-            headers={"Retry-After": str(fleet.cfg.retry_after_s)},
-        )
-    try:
-        handle = await anyio.to_thread.run_sync(fleet.client.submit, job)
-    except BaseException:
-        await fleet.quota.release(tenant, job["id"])
-        raise
+    handle = await anyio.to_thread.run_sync(submit_within_quota, fleet, tenant, job)
     if req.stream:
         chunks = Chunks(url, handle.id, req.model, req.include_usage)
         return StreamingResponse(
@@ -78,11 +85,13 @@ async def answer(request: Request, tenant: str, req: Generation, job: dict[str, 
             media_type="text/event-stream",
             headers={**decision_headers(handle), "cache-control": "no-cache"},
         )
+    release = BackgroundTask(fleet.quota.release, tenant, handle.id)  # after the answer is sent
     try:
         result = await wait_or_cancel(request, fleet, handle.id)
-    finally:
-        await fleet.quota.release(tenant, handle.id)
-    return JSONResponse(response_body(result, url), headers=decision_headers(handle))
+    except BaseException:
+        await release()
+        raise
+    return JSONResponse(response_body(result, url), headers=decision_headers(handle), background=release)
 
 
 async def until_disconnect(request: Request) -> None:
@@ -144,4 +153,4 @@ async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Ch
         if not ended:  # the client left (or the deadline passed): stop generating for nobody
             fleet.client.cancel(handle.id)
         with anyio.CancelScope(shield=True):
-            await fleet.quota.release(tenant, handle.id)
+            await anyio.to_thread.run_sync(fleet.quota.release, tenant, handle.id)

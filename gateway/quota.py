@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-import redis.asyncio
+import redis
 
 from dispatcher.store import keys
 
@@ -24,14 +24,17 @@ return 1
 
 
 class Quota:
-    def __init__(self, client: redis.asyncio.Redis, limit: int, hold_s: float) -> None:
+    """Synchronous on purpose: acquire runs in the thread that then submits the job (one hop
+    off the event loop for both), release after the response has been sent."""
+
+    def __init__(self, client: redis.Redis, limit: int, hold_s: float) -> None:
         self.r, self.limit, self.hold_s = client, limit, hold_s
         self._acquire = client.register_script(_ACQUIRE)
 
-    async def acquire(self, tenant: str, job_id: str) -> bool:
+    def acquire(self, tenant: str, job_id: str) -> bool:
         now = time.time()
         args = [now, self.limit, now + self.hold_s, job_id, int(self.hold_s) + 60]
-        return bool(await self._acquire(keys=[keys.owner_inflight(tenant)], args=args))
+        return bool(self._acquire(keys=[keys.owner_inflight(tenant)], args=args))
 
-    async def release(self, tenant: str, job_id: str) -> None:
-        await self.r.zrem(keys.owner_inflight(tenant), job_id)
+    def release(self, tenant: str, job_id: str) -> None:
+        self.r.zrem(keys.owner_inflight(tenant), job_id)
