@@ -40,7 +40,7 @@ async def list_models(request: Request, _: str = Depends(authenticate)) -> dict[
     return {"object": "list", "data": [model_object(client.registry.get(n), fleet) for n in client.registry.names()]}
 
 
-@router.get("/v1/models/{model_id}")
+@router.get("/v1/models/{model_id:path}")  # ids may hold a slash (org/name)
 async def retrieve_model(model_id: str, request: Request, _: str = Depends(authenticate)) -> dict[str, Any]:
     client = fleet_of(request).client
     try:
