@@ -18,7 +18,7 @@ client = OpenAI()
 model = os.environ.get("MODEL", "smollm2-135m")
 
 reply = client.chat.completions.create(
-    model=model, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32
+    model=model, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32, temperature=0
 )
 print("chat:", reply.choices[0].message.content.strip())
 
@@ -38,7 +38,7 @@ requests = "".join(
             "custom_id": f"q{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": model, "messages": [{"role": "user", "content": q}], "max_tokens": 24},
+            "body": {"model": model, "messages": [{"role": "user", "content": q}], "max_tokens": 24, "temperature": 0},
         }
     )
     + "\n"
