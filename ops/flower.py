@@ -35,8 +35,9 @@ class FlowerProcess:
     """`celery flower` as a subprocess, with its log in the data directory."""
 
     def __init__(
-        self, redis_url: str, port: int, auth: str | None, address: str = "0.0.0.0", log_dir: Path | None = None
+        self, redis_url: str, port: int, auth: str | None, address: str = "127.0.0.1", log_dir: Path | None = None
     ) -> None:
+        """``address``: loopback unless asked (a container publishing it passes 0.0.0.0)."""
         self.redis_url, self.port, self.auth, self.address = redis_url, port, auth, address
         self.log_path = (log_dir or settings.data_dir() / "logs") / f"flower-{port}.log"
         self.proc: subprocess.Popen | None = None

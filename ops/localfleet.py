@@ -207,9 +207,14 @@ class GatewayProcess:
     """`ib serve` as a subprocess on loopback (the tests, the demo, the benchmark, `ib up --serve`)."""
 
     def __init__(
-        self, redis_url: str, port: int | None = None, env: dict[str, str] | None = None, log_dir: Path | None = None
+        self,
+        redis_url: str,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        log_dir: Path | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
-        self.port = port or free_port()
+        self.port, self.host = port or free_port(), host
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **(env or {}), "REDIS_URL": redis_url}
         self.log_path = (log_dir or settings.data_dir() / "logs") / f"gateway-{self.port}.log"
@@ -219,7 +224,7 @@ class GatewayProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ops.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                [sys.executable, "-m", "ops.cli", "serve", "--host", self.host, "--port", str(self.port)],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

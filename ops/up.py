@@ -23,7 +23,7 @@ from ops.localfleet import GatewayProcess, WorkerProcess, free_port
 from workers.metrics import MULTIPROC_ENV
 
 
-def serve_host_metrics(port: int, multiproc_dir: Path, addr: str = "0.0.0.0") -> int:
+def serve_host_metrics(port: int, multiproc_dir: Path, addr: str = "127.0.0.1") -> int:
     """Serve the metrics of every process writing to ``multiproc_dir``; returns the port."""
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(multiproc_dir))
@@ -39,6 +39,7 @@ class LocalFleet:
     flower_auth: str | None = None
     metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
     serve_port: int | None = None  # None: no HTTP gateway
+    host: str = "127.0.0.1"  # where Flower, /metrics and the gateway listen: loopback unless asked
     worker_args: dict[str, list[str]] = field(default_factory=dict)
     log_dir: Path | None = None
     broker: EmbeddedBroker | None = None
@@ -66,7 +67,7 @@ class LocalFleet:
         if self.metrics_port is not None:
             self.multiproc_dir = Path(tempfile.mkdtemp(prefix="ib-metrics-"))
             env[MULTIPROC_ENV] = str(self.multiproc_dir)
-            self.metrics_port = serve_host_metrics(self.metrics_port, self.multiproc_dir)
+            self.metrics_port = serve_host_metrics(self.metrics_port, self.multiproc_dir, self.host)
         for backend in self.backends:
             w = WorkerProcess(
                 backend, url, model=self.model, extra_args=self.worker_args.get(backend), env=env, log_dir=self.log_dir
@@ -77,9 +78,12 @@ class LocalFleet:
         if self.flower_port is not None:
             # After the workers: Flower inspects them once at start, which is where its
             # broker view learns each worker's own queue (a Refresh in the UI does it later).
-            self.flower = FlowerProcess(url, self.flower_port, self.flower_auth, log_dir=self.log_dir).start()
+            self.flower = FlowerProcess(
+                url, self.flower_port, self.flower_auth, address=self.host, log_dir=self.log_dir
+            ).start()
         if self.serve_port is not None:
-            self.gateway = GatewayProcess(url, port=self.serve_port or None, log_dir=self.log_dir).start()
+            gateway = GatewayProcess(url, port=self.serve_port or None, host=self.host, log_dir=self.log_dir)
+            self.gateway = gateway.start()
 
     def stop(self) -> None:
         if self.gateway is not None:  # first: no new requests while the workers drain

@@ -31,6 +31,9 @@ def up(
         int | None, typer.Option(help="Prometheus /metrics of all workers (default: metrics.host_port)")
     ] = None,
     serve: Annotated[bool, typer.Option(help="start the OpenAI-compatible HTTP gateway (`ib serve`) too")] = False,
+    host: Annotated[
+        str, typer.Option(help="address Flower, /metrics and the gateway bind (default: loopback only)")
+    ] = "127.0.0.1",
     serve_port: Annotated[int | None, typer.Option(help="the gateway's port (default: gateway.port)")] = None,
 ) -> None:
     """Run a fleet here until Ctrl-C: broker (unless REDIS_URL), workers, Flower, metrics, gateway."""
@@ -46,6 +49,7 @@ def up(
         flower_auth=auth,
         metrics_port=cfg.metrics.host_port if metrics_port is None else metrics_port,
         serve_port=(serve_port or cfg.gateway.port) if serve else None,
+        host=host,
     )
     stop_on_sigterm()
     try:
@@ -79,6 +83,7 @@ def flower(
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="serve without basic auth (only behind your own auth proxy)")
     ] = False,
+    host: Annotated[str, typer.Option(help="address to bind (default: loopback; a container: 0.0.0.0)")] = "127.0.0.1",
 ) -> None:
     """Run Flower against the broker (basic auth from IB_FLOWER_BASIC_AUTH=user:password)."""
     url = broker_url()
@@ -86,7 +91,7 @@ def flower(
     if auth is None and not no_auth:
         console.print("[red]refused:[/] set IB_FLOWER_BASIC_AUTH=user:password (or pass --no-auth on purpose)")
         raise typer.Exit(2)
-    proc = FlowerProcess(url, port or settings.fleet_config().flower.port, auth)
+    proc = FlowerProcess(url, port or settings.fleet_config().flower.port, auth, address=host)
     stop_on_sigterm()
     try:
         proc.start()
