@@ -24,13 +24,13 @@ from dispatcher.jobs import (
     BACKENDS,
     GenerationJob,
     JobCancelledError,
-    JobError,
     JobResult,
     JobTimeoutError,
     PathStep,
     Selection,
     UnknownBackendError,
     parse_job,
+    result_of,
 )
 from dispatcher.registry import ModelRegistry, load_backends
 from dispatcher.routing import profiles
@@ -228,11 +228,9 @@ class Client:
         if final is None:
             raise JobTimeoutError(f"job {job_id} not finished after {timeout} s", {"job_id": job_id})
         status, payload = final
-        if status == "failed":
-            raise JobError.from_dict(payload)
         if status == "cancelled" and raise_on_cancel:
             raise JobCancelledError(f"job {job_id} was cancelled", {"result": payload})
-        return JobResult.model_validate(payload)
+        return result_of(status, payload)
 
     def status(self, job_id: str) -> str:
         """queued | running | completed | failed | cancelled | unknown"""

@@ -282,6 +282,14 @@ ERROR_TYPES: dict[str, type[JobError]] = {
 }
 
 
+def result_of(status: str, payload: dict[str, Any]) -> JobResult:
+    """A job's final outcome (status, payload as the job record holds it) as its result;
+    a failed job raises its typed JobError."""
+    if status == "failed":
+        raise JobError.from_dict(payload)
+    return JobResult.model_validate(payload)
+
+
 def parse_job(data: GenerationJob | dict[str, Any]) -> GenerationJob:
     """Validate a job, turning pydantic's error into the fleet's typed one."""
     if isinstance(data, GenerationJob):

@@ -42,19 +42,23 @@ def lines(batches: Batches, batch_id: str, errors: bool) -> Iterator[bytes]:
             yield (json.dumps(record, ensure_ascii=False) + "\n").encode()
 
 
-def file_object(batches: Batches, owner: str, file_id: str) -> dict[str, Any]:
+def ended_batch(batches: Batches, owner: str, file_id: str) -> tuple[Batch, bool]:
+    """The owner's ended batch a batch file names, and whether it is the errors file; 404
+    while it runs (OpenAI names the files only once a batch has ended)."""
     batch_id, errors = parse_id(file_id) or ("", False)
     batch = owned_batch(batches, owner, batch_id, "file")
     if not batch.is_final:
         raise APIError(404, f"No such File object: {file_id} (the batch has not ended)", "file_not_found")
+    return batch, errors
+
+
+def file_record(batches: Batches, owner: str, file_id: str) -> dict[str, Any]:
+    """What gateway.files.file_object shows, for a batch's output or errors file."""
+    batch, errors = ended_batch(batches, owner, file_id)
     return {
         "id": file_id,
-        "object": "file",
-        "bytes": sum(len(line) for line in lines(batches, batch_id, errors)),
+        "bytes": sum(len(line) for line in lines(batches, batch.id, errors)),
         "created_at": batch.completed_at or batch.cancelled_at or batch.expired_at or batch.failed_at or 0,
-        "filename": f"{batch_id}_{'errors' if errors else 'output'}.jsonl",
+        "filename": f"{batch.id}_{'errors' if errors else 'output'}.jsonl",
         "purpose": "batch_output",
-        "status": "processed",
-        "status_details": None,
-        "expires_at": None,
     }

@@ -22,7 +22,7 @@ from starlette.background import BackgroundTask
 
 from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, response_body
 from dispatcher.client import JobHandle
-from dispatcher.jobs import JobError, JobResult
+from dispatcher.jobs import JobError, JobResult, result_of
 from dispatcher.store.jobstore import wait_async
 from dispatcher.store.streams import read_stream_async
 from gateway.auth import authenticate
@@ -116,14 +116,7 @@ async def wait_or_cancel(request: Request, fleet: Fleet, job_id: str) -> JobResu
     if final is None:
         fleet.client.cancel(job_id)
         raise APIError(504, f"no answer within {fleet.cfg.request_timeout_s:g} s; the job was cancelled", "timeout")
-    return final_result(final)
-
-
-def final_result(final: tuple[str, dict[str, Any]]) -> JobResult:
-    status, payload = final
-    if status == "failed":
-        raise APIError.from_job_error(JobError.from_dict(payload))
-    return JobResult.model_validate(payload)
+    return result_of(*final)  # a failed job's JobError is answered by errors.install's handler
 
 
 async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Chunks) -> AsyncIterator[str]:
@@ -144,9 +137,9 @@ async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Ch
             yield sse(APIError(500, "the stream ended but the job has no outcome", "server_error").body())
             return
         try:
-            result = final_result(final)
-        except APIError as exc:
-            yield sse(exc.body())
+            result = result_of(*final)
+        except JobError as exc:
+            yield sse(APIError.from_job_error(exc).body())
             return
         yield chunks.finish(result)
     finally:

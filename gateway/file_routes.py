@@ -60,16 +60,18 @@ async def list_files(
 async def retrieve(file_id: str, request: Request, tenant: str = Depends(authenticate)) -> dict[str, Any]:
     fleet = fleet_of(request)
     if batch_files.parse_id(file_id):
-        return await anyio.to_thread.run_sync(batch_files.file_object, fleet.client.batches, tenant, file_id)
-    return file_object(await anyio.to_thread.run_sync(fleet.files.get, tenant, file_id))
+        record = await anyio.to_thread.run_sync(batch_files.file_record, fleet.client.batches, tenant, file_id)
+    else:
+        record = await anyio.to_thread.run_sync(fleet.files.get, tenant, file_id)
+    return file_object(record)
 
 
 @router.get("/v1/files/{file_id}/content")
 async def content(file_id: str, request: Request, tenant: str = Depends(authenticate)) -> StreamingResponse:
     fleet = fleet_of(request)
-    if parsed := batch_files.parse_id(file_id):
-        await anyio.to_thread.run_sync(batch_files.file_object, fleet.client.batches, tenant, file_id)  # owned, ended
-        body = batch_files.lines(fleet.client.batches, parsed[0], parsed[1])
+    if batch_files.parse_id(file_id):
+        batch, errors = await anyio.to_thread.run_sync(batch_files.ended_batch, fleet.client.batches, tenant, file_id)
+        body = batch_files.lines(fleet.client.batches, batch.id, errors)
     else:
         body = fleet.files.read(await anyio.to_thread.run_sync(fleet.files.get, tenant, file_id))
     return StreamingResponse(body, media_type="application/jsonl")

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from dispatcher import settings
-from ops.localfleet import terminate, wait_http
+from ops.localfleet import spawn_logged, terminate, wait_http
 
 AUTH_ENV = "IB_FLOWER_BASIC_AUTH"
 
@@ -66,16 +66,9 @@ class FlowerProcess:
         return env
 
     def start(self, timeout: float = 60) -> FlowerProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                env=self.environment(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=settings.REPO_ROOT,
-                start_new_session=True,
-            )
+        self.proc = spawn_logged(
+            self.command(), self.log_path, env=self.environment(), cwd=settings.REPO_ROOT, start_new_session=True
+        )
         wait_http(self.proc, f"{self.url}/healthcheck", "flower", self.log_path, timeout)  # /healthcheck needs no auth
         return self
 

@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -54,17 +55,9 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> WorkerProcess:
-        with self.log_path.open("ab") as log:
-            # Its own process group, so kill() takes the engine's helper processes with it
-            # (vLLM's EngineCore), as a crashed container would.
-            self.proc = subprocess.Popen(
-                self.args,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=settings.REPO_ROOT,
-                start_new_session=True,
-            )
+        # Its own process group, so kill() takes the engine's helper processes with it
+        # (vLLM's EngineCore), as a crashed container would.
+        self.proc = spawn_logged(self.args, self.log_path, env=self.env, cwd=settings.REPO_ROOT, start_new_session=True)
         return self
 
     def log_tail(self, lines: int = 40) -> str:
@@ -110,6 +103,13 @@ class WorkerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def spawn_logged(args: list[str], log_path: Path, **popen: Any) -> subprocess.Popen:
+    """Start a server process with stdout and stderr appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **popen)
 
 
 def wait_http(proc: subprocess.Popen, url: str, what: str, log_path: Path, timeout: float) -> None:
@@ -167,33 +167,30 @@ class LlamaCppServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> LlamaCppServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "llama_cpp.server",
-                    "--model",
-                    self.gguf,
-                    "--model_alias",
-                    self.model_alias,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    "--n_ctx",
-                    str(self.n_ctx),
-                    "--n_threads",
-                    str(self.threads),
-                    "--n_threads_batch",
-                    str(self.threads),
-                    "--interrupt_requests",
-                    "False",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        self.proc = spawn_logged(
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                self.gguf,
+                "--model_alias",
+                self.model_alias,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--n_ctx",
+                str(self.n_ctx),
+                "--n_threads",
+                str(self.threads),
+                "--n_threads_batch",
+                str(self.threads),
+                "--interrupt_requests",
+                "False",
+            ],
+            self.log_path,
+        )
         wait_http(self.proc, f"{self.url}/v1/models", "llama_cpp.server", self.log_path, timeout)
         return self
 
@@ -221,15 +218,12 @@ class GatewayProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> GatewayProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ops.cli", "serve", "--host", self.host, "--port", str(self.port)],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=settings.REPO_ROOT,
-            )
+        self.proc = spawn_logged(
+            [sys.executable, "-m", "ops.cli", "serve", "--host", self.host, "--port", str(self.port)],
+            self.log_path,
+            env=self.env,
+            cwd=settings.REPO_ROOT,
+        )
         wait_http(self.proc, f"{self.url}/health", "ib serve", self.log_path, timeout)
         return self
 
@@ -267,9 +261,7 @@ class NativeLlamaServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> NativeLlamaServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = spawn_logged(self.args, self.log_path)
         wait_http(self.proc, f"{self.url}/health", "llama-server", self.log_path, timeout)
         return self
 

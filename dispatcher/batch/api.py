@@ -308,18 +308,16 @@ class Batches:
     def list(self, limit: int = 20) -> list[Batch]:
         """Newest first; batches whose records expired are dropped from the index."""
         ids = self.store.ids(limit=limit)
-        batches = []
-        for batch_id, record in zip(ids, self.store.get_many(ids)):
-            if record:
-                batches.append(Batch.from_record(record))
-            else:
-                self.store.forget(batch_id)
-        return batches
+        return self._present(zip(ids, self.store.get_many(ids)))
 
     def list_owned(self, owner: str, after: str | None = None, limit: int = 20) -> list[Batch]:
         """An owner's batches, newest first, starting after the batch ``after`` (a cursor)."""
+        return self._present(self.store.owned(owner, after, limit), owner)
+
+    def _present(self, found: Iterable[tuple[str, dict[str, str]]], owner: str | None = None) -> list[Batch]:
+        """The batches whose records still exist; expired ones are dropped from the indexes."""
         batches = []
-        for batch_id, record in self.store.owned(owner, after, limit):
+        for batch_id, record in found:
             if record:
                 batches.append(Batch.from_record(record))
             else:

@@ -79,19 +79,28 @@ def drain(q: queue.Queue) -> list:
             return items
 
 
+def _entries(reply: list | None, last: bytes | str) -> tuple[bytes | str, list[str], bool]:
+    """One XREAD reply: (the last entry id seen, its text deltas, whether the end entry came)."""
+    deltas: list[str] = []
+    for _, entries in reply or []:
+        for entry_id, fields in entries:
+            last = entry_id
+            if END_FIELD in fields:
+                return last, deltas, True
+            deltas.append(fields[b"d"].decode())
+    return last, deltas, False
+
+
 def read_stream(client: redis.Redis, job_id: str, timeout: float | None = None) -> Iterator[str]:
     """Yield the job's text deltas from the first one until its end entry."""
     key, last = keys.stream(job_id), "0-0"
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         block_ms = 1000 if deadline is None else max(1, int(min(1.0, deadline - time.monotonic()) * 1000))
-        reply = client.xread({key: last}, block=block_ms, count=256)
-        for _, entries in reply or []:
-            for entry_id, fields in entries:
-                last = entry_id
-                if END_FIELD in fields:
-                    return
-                yield fields[b"d"].decode()
+        last, deltas, ended = _entries(client.xread({key: last}, block=block_ms, count=256), last)
+        yield from deltas
+        if ended:
+            return
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"job {job_id}: stream not finished after {timeout} s")
 
@@ -107,9 +116,8 @@ async def read_stream_async(
         reply = await client.xread({key: last}, block=max(1, int(block_s * 1000)), count=256)
         if not reply:
             yield None
-        for _, entries in reply or []:
-            for entry_id, fields in entries:
-                last = entry_id
-                if END_FIELD in fields:
-                    return
-                yield fields[b"d"].decode()
+        last, deltas, ended = _entries(reply, last)
+        for delta in deltas:
+            yield delta
+        if ended:
+            return
