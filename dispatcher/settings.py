@@ -130,6 +130,7 @@ class BatchSettings(Section):
     feeder_in_workers: bool
     feeder_lease_s: float
     validate_chunk: int
+    max_line_bytes: int
     validation_stale_s: float
     cancel_grace_s: float
 

@@ -90,14 +90,15 @@ async def create(request: Request, tenant: str = Depends(authenticate)) -> dict[
         )
 
     def stage() -> Batch:
-        return batches.create(
-            fleet.files.lines(record),
-            endpoint=req.endpoint,
-            completion_window=req.completion_window,
-            metadata=req.metadata,
-            owner=tenant,
-            input_file_id=req.input_file_id,
-        )
+        with fleet.files.open(record) as fh:
+            return batches.create(
+                fh,
+                endpoint=req.endpoint,
+                completion_window=req.completion_window,
+                metadata=req.metadata,
+                owner=tenant,
+                input_file_id=req.input_file_id,
+            )
 
     return batch_object(await anyio.to_thread.run_sync(stage))
 

@@ -128,10 +128,9 @@ class FileStore:
             while chunk := fh.read(CHUNK):
                 yield chunk
 
-    def lines(self, record: dict[str, Any]) -> Iterator[bytes]:
-        """The file line by line, streamed (a batch's input)."""
-        with self.fs.open(record["path"], "rb") as fh:
-            yield from fh
+    def open(self, record: dict[str, Any]) -> IO[bytes]:
+        """The stored file, open for reading (a batch's input, read line by line)."""
+        return self.fs.open(record["path"], "rb")
 
     def delete(self, owner: str, file_id: str) -> None:
         record = self.get(owner, file_id)

@@ -22,13 +22,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import redis
 from pydantic import BaseModel, Field
 
 from dispatcher import settings
 from dispatcher.batch.format import LineError, parse_line
+from dispatcher.batch.input import LineProblem, NotJsonLinesError, read_lines
 from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, error_record, line_job_id
 from dispatcher.jobs import JobError, Priority
 from dispatcher.registry import ModelRegistry
@@ -145,19 +146,26 @@ def parse_window(window: str) -> int:
     return int(m.group(1)) * WINDOW_UNITS[m.group(2)]
 
 
-def _input_lines(source: str | os.PathLike | Iterable[str | bytes | dict]) -> tuple[str | None, Iterator[str | bytes]]:
-    """The input as lines, streamed: a path is read line by line, never whole."""
+InputSource = str | os.PathLike | IO[bytes] | Iterable[str | bytes | dict]
+
+
+def _input_lines(source: InputSource, max_line_bytes: int) -> tuple[str | None, Iterator[str | bytes | LineProblem]]:
+    """The input as lines, streamed: a path or an open binary file is read line by line
+    (gzip and UTF-16 too, dispatcher.batch.input), never whole."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if not path.is_file():
             raise BatchInputError(f"no such input file: {path}", {"path": str(path)})
 
-        def read() -> Iterator[bytes]:
+        def read() -> Iterator[bytes | LineProblem]:
             with path.open("rb") as fh:
-                yield from fh
+                yield from read_lines(fh, max_line_bytes)
 
         return path.name, read()
-    return None, (json.dumps(x) if isinstance(x, dict) else x for x in source)
+    if hasattr(source, "read"):
+        name = getattr(source, "name", None)
+        return (Path(name).name if isinstance(name, str) else None), read_lines(source, max_line_bytes)  # type: ignore[arg-type]
+    return None, (json.dumps(x) if isinstance(x, dict) else x for x in source)  # type: ignore[union-attr]
 
 
 class Batches:
@@ -173,7 +181,7 @@ class Batches:
 
     def create(
         self,
-        input_file: str | os.PathLike | Iterable[str | bytes | dict],
+        input_file: InputSource,
         *,
         endpoint: str | None = None,
         completion_window: str | None = None,
@@ -200,7 +208,7 @@ class Batches:
             self.registry.get(model)  # an unknown default model is refused before anything is stored
         window = completion_window or self.cfg.default_completion_window
         window_s = parse_window(window)
-        name, lines = _input_lines(input_file)
+        name, lines = _input_lines(input_file, self.cfg.max_line_bytes)
 
         batch_id = f"batch_{uuid.uuid4().hex}"
         created = time.time()
@@ -222,8 +230,11 @@ class Batches:
             "throughput_target_tok_s": self.cfg.default_throughput_target_tok_s,
         }
         defaults = {"model": model, "priority": priority, "batch_id": batch_id, "slo": slo}
+        not_text: NotJsonLinesError | None = None
         try:
             total, first_error = self._validate(batch_id, lines, defaults, endpoint, purge_at, progress)
+        except NotJsonLinesError as exc:  # a workbook, a zip, ...: refused as a whole
+            total, first_error, not_text = 0, None, exc
         except BaseException as exc:
             # Ctrl-C or a broken stream: the batch must not sit in validating forever.
             reason = (
@@ -234,7 +245,9 @@ class Batches:
             self.store.fail(batch_id, [{"code": "validation_interrupted", "message": reason}])
             raise
         errors = None
-        if total == 0:
+        if not_text is not None:
+            errors = [{"code": "invalid_file_format", "message": str(not_text)}]
+        elif total == 0:
             errors = [{"code": "empty_file", "message": "the input has no request lines"}]
         elif first_error is not None:
             errors = [
@@ -251,7 +264,7 @@ class Batches:
     def _validate(
         self,
         batch_id: str,
-        lines: Iterator[str | bytes],
+        lines: Iterator[str | bytes | LineProblem],
         defaults: dict[str, Any],
         endpoint: str | None,
         purge_at: int,
@@ -281,7 +294,7 @@ class Batches:
                 )
             else:
                 valid += 1
-                entries.append(staged_entry(parsed.line, parsed.job.model_dump_json(exclude_none=True)))
+                entries.append(staged_entry(parsed.line, parsed.payload))
             if len(entries) + len(errors) >= chunk:
                 status = self.store.stage(batch_id, entries, errors, line_no, purge_at)
                 entries, errors = [], []

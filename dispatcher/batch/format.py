@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
+from dispatcher.batch.input import LineProblem
 from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, line_job_id
 from dispatcher.jobs import GenerationJob, UnknownModelError
 from dispatcher.registry import ModelRegistry
@@ -38,11 +40,12 @@ class ParsedLine:
     custom_id: str
     url: str
     job: GenerationJob
+    payload: str  # the job as staged (JSON)
 
 
 def parse_line(
     line_no: int,
-    raw: str | bytes,
+    raw: str | bytes | LineProblem,
     registry: ModelRegistry,
     defaults: dict[str, Any],
     seen: set[str],
@@ -51,6 +54,8 @@ def parse_line(
     """One input line. ``defaults`` fill in what a line leaves out (model, priority,
     batch_id, slo); ``seen`` collects custom_ids so a duplicate is refused; ``endpoint``,
     if given, is the one url every line must use. Blank lines give None."""
+    if isinstance(raw, LineProblem):  # the reader could not get this line's text
+        return LineError(line_no, None, raw.code, f"line {line_no} {raw.message}")
     try:
         text = raw.decode() if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
@@ -62,9 +67,12 @@ def parse_line(
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        return LineError(
-            line_no, None, "invalid_json", f"line {line_no} is not valid JSON: {exc.msg} (column {exc.colno})"
-        )
+        hint = _json_hint(text, isinstance(raw, bytes))
+        message = f"line {line_no} is not valid JSON: {exc.msg} (column {exc.colno}){hint}"
+        return LineError(line_no, None, "invalid_json", message)
+    except (ValueError, RecursionError) as exc:  # a 5000-digit number, nesting deeper than the parser goes
+        reason = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)
+        return LineError(line_no, None, "invalid_json", f"line {line_no} is not valid JSON: {reason}")
     if not isinstance(data, dict):
         return LineError(line_no, None, "invalid_request", f"line {line_no} is not a JSON object")
     custom_id = data.get("custom_id")
@@ -129,7 +137,25 @@ def parse_line(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         return LineError(line_no, custom_id, "invalid_request", f"line {line_no}: {where}: {first['msg']}")
-    return ParsedLine(line_no, custom_id, url, job)
+    try:
+        payload = job.model_dump_json(exclude_none=True)
+    except PydanticSerializationError:  # json.loads lets "\ud800" through; no UTF-8 can carry it
+        message = f"line {line_no}: a string holds a lone surrogate escape (like \\ud800), which is not text"
+        return LineError(line_no, custom_id, "invalid_text", message)
+    return ParsedLine(line_no, custom_id, url, job, payload)
+
+
+def _json_hint(text: str, from_file: bool) -> str:
+    """Why a line people produce fails to parse, where the cause is recognizable. Only a
+    file's last line lacks its newline."""
+    stripped = text.strip()
+    if from_file and not text.endswith("\n"):
+        return "; the file ends inside this line (a truncated upload?)"
+    if stripped.startswith('"') and stripped.endswith('"') and '""' in stripped:
+        return "; it looks like a spreadsheet cell (a quoted CSV field): export the column as plain text, not CSV"
+    if "\x00" in text:
+        return "; it holds NUL bytes (UTF-16 without a byte-order mark?): save the file as UTF-8"
+    return ""
 
 
 def batch_ids(batch_id: str | None, line: int) -> dict[str, Any]:

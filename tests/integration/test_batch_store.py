@@ -7,6 +7,7 @@ worker of the other tests may pick them up.
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 
@@ -75,6 +76,36 @@ def test_lines_are_validated_and_staged_and_bad_ones_recorded_at_once(client):
     records = list(client.batches.results(batch.id))
     assert [r["error"]["code"] for r in records] == ["invalid_json", "invalid_request", "duplicate_custom_id"]
     assert [r["custom_id"] for r in records] == [None, "req-3", "req-1"]
+
+
+def test_a_hostile_gzipped_file_runs_its_good_lines_and_records_one_error_per_bad_one(client, tmp_path):
+    bad = [
+        b'{"custom_id": "latin1", "prompt": "caf\xe9"}\n',  # Windows-1252, not UTF-8
+        b'"{""custom_id"": ""csv""}"\r\n',  # a spreadsheet's quoted cell
+        b'{"custom_id": "big", "prompt": "' + b"x" * 9_000_000 + b'"}\n',  # over batch.max_line_bytes
+        b"[" * 50_000 + b"\n",  # deeper than the JSON parser goes
+        b'{"custom_id": "cut", "prompt": "trunc',  # the last line of an interrupted upload
+    ]
+    good_lines = [json.dumps(good(i)).encode() + b"\r\n" for i in range(1, 4)]
+    path = tmp_path / "requests.jsonl.gz"
+    content = b"\xef\xbb\xbf" + good_lines[0] + b"".join(bad[:4]) + b"".join(good_lines[1:]) + bad[4]
+    path.write_bytes(gzip.compress(content))
+    batch = client.batches.create(path)
+    assert batch.status == "in_progress" and batch.input_file == "requests.jsonl.gz"
+    assert batch.request_counts.total == 8 and batch.request_counts.failed == 5
+    assert client.redis.llen(keys.batch_lines(batch.id)) == 3  # the good lines, the first one's BOM read past
+    records = list(client.batches.results(batch.id))
+    codes = [r["error"]["code"] for r in records]
+    assert codes == ["invalid_utf8", "invalid_json", "line_too_long", "invalid_json", "invalid_json"]
+    assert [r["id"].rsplit("-", 1)[1] for r in records] == ["2", "3", "4", "5", "8"]  # each at its own line
+
+
+def test_a_workbook_instead_of_jsonl_fails_the_batch_naming_the_format(client, tmp_path):
+    path = tmp_path / "requests.xlsx"
+    path.write_bytes(b"PK\x03\x04" + b"\x00" * 200)
+    batch = client.batches.create(path)
+    assert batch.status == "failed" and batch.errors.data[0]["code"] == "invalid_file_format"
+    assert "Excel .xlsx" in batch.errors.data[0]["message"]
 
 
 @pytest.mark.parametrize(
