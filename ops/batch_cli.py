@@ -35,6 +35,9 @@ def submit(
 ) -> None:
     """Validate and submit a batch; prints its id and returns (the fleet runs it)."""
     client = _client()
+    bad = [m for m in metadata or [] if not m.partition("=")[0] or "=" not in m]
+    if bad:
+        raise typer.BadParameter(f"{bad[0]!r}: write it as key=value", param_hint="--metadata")
     meta = dict(m.partition("=")[::2] for m in metadata) if metadata else None
     try:
         with console.status("validating...") as spinner:

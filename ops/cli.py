@@ -22,6 +22,7 @@ from ops import batch_cli, bench_cli, models_cli, serve_cli, up_cli
 from ops.broker import EmbeddedBroker
 from ops.console import broker_url, console, fail, print_results, stop_on_sigterm
 from ops.console import client as _client
+from ops.user_errors import run as run_cli
 
 app = typer.Typer(help="InferenceBackend: one job queue in front of five LLM engines.", no_args_is_help=True)
 app.add_typer(models_cli.app, name="models")
@@ -261,5 +262,10 @@ def demo(
     raise typer.Exit(run_demo(prompts, max_tokens))
 
 
+def main() -> None:
+    """The `ib` entry point: the app, with a user's mistakes as one line (ops.user_errors)."""
+    run_cli(app)
+
+
 if __name__ == "__main__":
-    app()
+    main()

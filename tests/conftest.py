@@ -154,12 +154,12 @@ def start_worker_with_artifact(tmp_path: Path, redis_url: str, backend: str, fmt
     )
 
 
-def ib(*args: str, redis_url: str):
-    """Run the `ib` CLI against ``redis_url``; returns the finished process."""
+def ib(*args: str, redis_url: str, env: dict[str, str] | None = None):
+    """Run the `ib` CLI against ``redis_url`` (and ``env`` on top); returns the finished process."""
     import subprocess
     import sys
 
-    env = {**os.environ, "REDIS_URL": redis_url, "COLUMNS": "200"}
+    env = {**os.environ, "REDIS_URL": redis_url, "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "ops.cli", *args], env=env, capture_output=True, text=True, timeout=120
     )

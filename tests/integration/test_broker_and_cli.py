@@ -47,6 +47,33 @@ def test_ib_explain_refuses_an_unknown_model(redis_url):
     assert "UnknownModelError" in out.stdout and "smollm2-135m" in out.stdout
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "code", "says"),
+    [
+        (("status", "x"), {"REDIS_URL": "redis://127.0.0.1:1/0"}, 2, "cannot reach the broker"),
+        (("batch", "list"), {"IB_BATCH_MAX_QUEUED": "many"}, 1, "batch.max_queued"),
+        (("batch", "submit", "/no/such/requests.jsonl"), {}, 1, "no such input file"),
+        (("batch", "submit", "{xlsx}"), {}, 1, "invalid_file_format"),
+        (("batch", "submit", "{jsonl}", "--metadata", "run"), {}, 2, "key=value"),
+        (("batch", "status", "batch_nope"), {}, 1, "unknown batch"),
+        (("batch", "results", "batch_nope", "-o", "{tmp}/out.jsonl"), {}, 1, "unknown batch"),
+        (("submit", "--model", "nope", "--prompt", "hi"), {}, 1, "unknown model"),
+        (("submit", "--prompt", "hi", "--max-tokens", "-5"), {}, 1, "max_tokens"),
+    ],
+)
+def test_a_users_mistake_is_one_line_naming_the_fix_and_a_non_zero_exit(redis_url, tmp_path, args, env, code, says):
+    xlsx = tmp_path / "requests.xlsx"
+    xlsx.write_bytes(b"PK\x03\x04" + bytes(100))
+    jsonl = tmp_path / "requests.jsonl"
+    jsonl.write_text('{"custom_id": "a", "prompt": "hi"}\n')
+    args = tuple(a.format(xlsx=xlsx, jsonl=jsonl, tmp=tmp_path) for a in args)
+    out = ib(*args, redis_url=env.get("REDIS_URL", redis_url), env=env)
+    text = out.stdout + out.stderr
+    assert out.returncode == code, text
+    assert "Traceback" not in text and says in text, text
+    assert len([line for line in text.splitlines() if line.strip()]) <= 5, text  # a line (typer's usage box: 5)
+
+
 def test_ib_models_list(redis_url):
     out = ib("models", "list", redis_url=redis_url)
     assert out.returncode == 0 and "smollm2-135m" in out.stdout and "derived from gguf" in out.stdout
