@@ -264,6 +264,13 @@ class JobTimeoutError(JobError, TimeoutError):
     code = "timeout"
 
 
+class InvalidMessageError(JobError, ValueError):
+    """The job's broker message could not be run (its arguments do not validate: schema
+    drift in a rolling upgrade, a foreign or corrupt message); it is a dead letter."""
+
+    code = "invalid_message"
+
+
 ERROR_TYPES: dict[str, type[JobError]] = {
     cls.code: cls
     for cls in (
@@ -278,6 +285,7 @@ ERROR_TYPES: dict[str, type[JobError]] = {
         EngineError,
         JobCancelledError,
         JobTimeoutError,
+        InvalidMessageError,
     )
 }
 

@@ -18,7 +18,7 @@ from dispatcher import settings
 from dispatcher.batch.feeder import BatchFeeder
 from dispatcher.client import Client
 from dispatcher.jobs import BACKENDS, JobError
-from ops import batch_cli, bench_cli, models_cli, serve_cli, up_cli
+from ops import batch_cli, bench_cli, dead_letters_cli, models_cli, serve_cli, up_cli
 from ops.broker import EmbeddedBroker
 from ops.console import broker_url, console, fail, print_results, stop_on_sigterm
 from ops.console import client as _client
@@ -27,6 +27,7 @@ from ops.user_errors import run as run_cli
 app = typer.Typer(help="InferenceBackend: one job queue in front of five LLM engines.", no_args_is_help=True)
 app.add_typer(models_cli.app, name="models")
 app.add_typer(batch_cli.app, name="batch")
+app.add_typer(dead_letters_cli.app, name="dead-letters")
 app.add_typer(bench_cli.app, name="bench")
 app.command()(up_cli.up)
 app.command()(up_cli.flower)

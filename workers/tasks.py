@@ -20,12 +20,23 @@ from celery.signals import task_postrun, task_received
 
 from dispatcher.batch.records import line_record
 from dispatcher.celery_app import GENERATE_TASK
-from dispatcher.jobs import EngineError, GenerationJob, JobError, JobResult, Selection, Timings, Usage
+from dispatcher.jobs import (
+    EngineError,
+    GenerationJob,
+    InvalidMessageError,
+    JobError,
+    JobResult,
+    Selection,
+    Timings,
+    Usage,
+)
 from dispatcher.store import keys
+from dispatcher.store.dead_letters import DeadLetters
 from dispatcher.store.hints import PrefixHints
 from dispatcher.store.jobstore import JobStore
 from dispatcher.store.streams import StreamPublisher
 from workers.cancel_watch import CancelWatcher
+from workers.dead_letter import dead_letter_task, parse_arguments
 from workers.engines.base import Engine, EngineOutput
 from workers.metrics import WorkerMetrics
 
@@ -45,11 +56,10 @@ class Runtime:
     time_limit_s: float | None = None  # a job running longer fails with JobTimeoutError
     hints: PrefixHints | None = None  # prefix hints: this worker now holds a finished prompt's blocks
     metrics: WorkerMetrics | None = None
+    dead_letters: DeadLetters | None = None  # where a message this worker cannot run is kept
 
 
-def run_job(rt: Runtime, job_data: dict, selection_data: dict) -> dict:
-    job = GenerationJob.model_validate(job_data)
-    selection = Selection.model_validate(selection_data)
+def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
     started = time.time()
     begin = rt.store.begin(job.id, rt.worker_id, scope=job.batch_id)
     if begin.final is not None:
@@ -150,11 +160,21 @@ def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
     The task's return value is only seen by Celery's events (the outcome lives in the job
     record), so it is a summary unless ``show_text`` (``flower.show_text``) is on."""
 
-    def generate(job_data: dict, selection_data: dict) -> dict:
-        payload = run_job(rt, job_data, selection_data)
+    def generate(task: Any, *args: Any, **kwargs: Any) -> dict:
+        # Any arguments are taken, so a message from another version of the fleet reaches
+        # the check below (and the dead-letter list) instead of failing in Celery's call.
+        try:
+            job, selection = parse_arguments(args, kwargs)
+        except InvalidMessageError as exc:
+            if rt.dead_letters is not None:
+                dead_letter_task(rt.dead_letters, rt.store, task.request, args, kwargs, exc)
+            raise
+        payload = run_job(rt, job, selection)
         return payload if show_text else event_summary(payload)
 
-    app.task(name=GENERATE_TASK, bind=False, throws=(JobError,), acks_late=True, ignore_result=True)(generate)
+    app.task(name=GENERATE_TASK, bind=True, typing=False, throws=(JobError,), acks_late=True, ignore_result=True)(
+        generate
+    )
 
     @task_received.connect(weak=False)
     def _reserved(request: Any = None, **_: object) -> None:

@@ -28,11 +28,13 @@ from dispatcher.celery_app import BrokerNotConfigured, get_app, own_queue_for, q
 from dispatcher.fleet import WorkerInfo
 from dispatcher.registry import ModelRegistry, backend_spec
 from dispatcher.store import keys
+from dispatcher.store.dead_letters import DeadLetters
 from dispatcher.store.hints import PrefixHints
 from dispatcher.store.jobstore import JobStore
 from dispatcher.store.streams import StreamPublisher
 from workers import hardware, metrics, reaper, reconnect, tasks
 from workers.cancel_watch import CancelWatcher
+from workers.dead_letter import consumer_class
 from workers.engines import create_engine
 from workers.health import ConsumeGate, HealthMonitor
 from workers.heartbeat import Heartbeat
@@ -127,6 +129,7 @@ def run_worker(
         client.hset(keys.WORKER_QUEUES, worker_id, queues[1])  # swept to the shared queue if this worker dies
     hints = PrefixHints(client, cfg.prefix.hint_ttl_s)
     hints.drop_worker(worker_id)  # a restarted worker holds no KV state, whatever hints said
+    letters = DeadLetters(client)
     runtime = tasks.Runtime(
         engine=engine,
         store=store,
@@ -137,8 +140,10 @@ def run_worker(
         time_limit_s=cfg.celery.job_time_limit_s,
         hints=hints,
         metrics=worker_metrics,
+        dead_letters=letters,
     )
     tasks.register(app, runtime, show_text=cfg.flower.show_text)
+    app.conf.worker_consumer = consumer_class(letters)  # undecodable messages are kept, not dropped
     reconnect.install(app, runtime)
     beat = Heartbeat(
         client,

@@ -56,6 +56,8 @@ def batch_out(batch_id: str) -> str:
 WORKERS = "ib:workers"  # set: ids of workers that have beaten (the dead are reaped from it)
 WORKER_QUEUES = "ib:worker-queues"  # hash: worker id → its own queue (kept a while after it dies)
 ORPHANED = "ib:orphaned"  # sorted set: dead workers whose own queue is swept, by time of death
+DEAD_LETTERS = "ib:dead-letters"  # hash: letter id → a message no worker could run (store.dead_letters)
+DEAD_LETTER_INDEX = "ib:dead-letters:index"  # sorted set: letter ids by time
 UNTRACKED_SWEEP = "ib:untracked-sweep"  # which worker sweeps the broker's unacked set this round
 
 

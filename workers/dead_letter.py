@@ -1,0 +1,112 @@
+"""Where a worker puts a message it cannot run: the dead-letter list, never the void.
+
+Celery's consumer logs such a message (body and all: the prompt would land in the log)
+and acks it. Here the consumer hands it to ``dispatcher.store.dead_letters`` with the
+reason instead and logs only the reason; the ``ib.generate`` task does the same for
+arguments that do not validate, and fails the job's record (and its batch line) with a
+typed ``InvalidMessageError`` when the job id is readable, so no caller waits forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any, TypeVar
+
+from celery.worker.consumer import Consumer
+from pydantic import BaseModel, ValidationError
+
+from dispatcher.batch.records import job_error_record
+from dispatcher.jobs import GenerationJob, InvalidMessageError, Selection
+from dispatcher.store import keys
+from dispatcher.store.dead_letters import DeadLetter, DeadLetters, letter_from_message
+from dispatcher.store.jobstore import JobStore, LineRecord
+
+log = logging.getLogger(__name__)
+
+
+def consumer_class(letters: DeadLetters) -> type[Consumer]:
+    """Celery's consumer, with the four ways it drops a message sending it here instead
+    (``worker_consumer`` takes the class itself)."""
+
+    class DeadLetterConsumer(Consumer):
+        def _keep(self, reason: str, exc: BaseException | None, message: Any) -> None:
+            detail = f"{type(exc).__name__}: {exc}" if exc is not None else "not a Celery task message"
+            letter = letter_from_message(reason, detail, message)
+            letters.add(letter)
+            log.error("dead letter %s (%s, task %s): %s", letter.id, reason, letter.task, detail[:200])
+
+        def on_decode_error(self, message: Any, exc: Exception) -> None:
+            self._keep("undecodable", exc, message)
+            message.ack()
+
+        def on_unknown_message(self, body: Any, message: Any) -> None:
+            self._keep("unknown_format", None, message)
+            message.reject_log_error(log, self.connection_errors)
+
+        def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+            self._keep("unknown_task", exc, message)
+            message.reject_log_error(log, self.connection_errors)
+
+        def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+            self._keep("invalid_task", exc, message)
+            message.reject_log_error(log, self.connection_errors)
+
+    return DeadLetterConsumer
+
+
+def parse_arguments(args: tuple, kwargs: dict) -> tuple[GenerationJob, Selection]:
+    """``ib.generate``'s (job, selection), or InvalidMessageError naming what is wrong
+    (field paths and reasons only: the values may be the prompt)."""
+    if kwargs or len(args) != 2:
+        raise InvalidMessageError(
+            f"ib.generate takes (job, selection); got {len(args)} argument(s), keywords {sorted(kwargs)}"
+        )
+    return _validated(GenerationJob, args[0], "job"), _validated(Selection, args[1], "selection")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(model: type[M], data: object, name: str) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        where = "; ".join(f"{name}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+        raise InvalidMessageError(f"the message does not match this worker's schema: {where}") from None
+
+
+def dead_letter_task(
+    letters: DeadLetters, store: JobStore, request: Any, args: tuple, kwargs: dict, exc: InvalidMessageError
+) -> DeadLetter:
+    """Keep a task whose arguments did not validate, and fail its job (and batch line)."""
+    info = getattr(request, "delivery_info", None) or {}
+    letter = DeadLetter(
+        id=uuid.uuid4().hex[:16],
+        at=time.time(),
+        reason="invalid_arguments",
+        detail=exc.message,
+        queue=info.get("routing_key"),
+        task=getattr(request, "task", None),
+        task_id=getattr(request, "id", None),
+        body=json.dumps({"args": list(args), "kwargs": kwargs}, default=str),
+        content_type="application/json",
+        priority=info.get("priority"),
+    )
+    letters.add(letter)
+    log.error("dead letter %s (invalid_arguments, job %s): %s", letter.id, letter.task_id, exc.message[:200])
+    job = args[0] if args and isinstance(args[0], dict) else {}
+    job_id = job.get("id") if isinstance(job.get("id"), str) else letter.task_id
+    if job_id and store.r.exists(keys.job(job_id)):
+        error = InvalidMessageError(f"{exc.message} (dead letter {letter.id})", {"dead_letter": letter.id})
+        store.finish(job_id, "failed", error.to_dict(), line=_batch_line(job, job_id, error))
+    return letter
+
+
+def _batch_line(job: dict, job_id: str, error: InvalidMessageError) -> LineRecord | None:
+    batch_id, line, custom_id = job.get("batch_id"), job.get("batch_line"), job.get("custom_id")
+    if not (isinstance(batch_id, str) and isinstance(line, int) and isinstance(custom_id, str)):
+        return None
+    return LineRecord(batch_id, line, job_error_record(custom_id, job_id, error), "failed")
