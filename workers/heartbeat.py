@@ -42,6 +42,8 @@ class Heartbeat:
         self.engine_stats = engine_stats
         self.health = health
         self._stop = threading.Event()
+        self._link_down = False
+        self._link_up_at: float | None = None  # monotonic time of the reconnection after an outage
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def beat(self) -> None:
@@ -65,14 +67,28 @@ class Heartbeat:
         self._thread.start()
         return self
 
+    def link_up_s(self) -> float | None:
+        """Seconds since the heartbeat reached Redis again after failing; None if it never
+        failed (0 while it fails). The reaper judges no peer dead until this is a TTL."""
+        if self._link_down:
+            return 0.0
+        return None if self._link_up_at is None else time.monotonic() - self._link_up_at
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 self.beat()
+            except Exception:  # a Redis blip must not kill the heartbeat
+                self._link_down = True
+                log.warning("heartbeat failed", exc_info=True)
+                continue
+            if self._link_down:
+                self._link_down, self._link_up_at = False, time.monotonic()
+            try:
                 if self.on_beat:
                     self.on_beat()
-            except Exception:  # a Redis blip must not kill the heartbeat
-                log.warning("heartbeat failed", exc_info=True)
+            except Exception:
+                log.warning("after-beat work failed", exc_info=True)
 
     def stop(self) -> None:
         """Graceful exit: the worker leaves the fleet at once (its jobs were finished or

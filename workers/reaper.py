@@ -17,6 +17,7 @@ visibility timeout.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -24,6 +25,7 @@ import redis
 from celery import Celery
 
 from dispatcher import connection, settings
+from dispatcher.celery_app import QUEUE_PREFIX
 from dispatcher.store import keys
 from dispatcher.store.hints import PrefixHints
 
@@ -59,6 +61,39 @@ def restore_tags(app: Celery, tags: list[str]) -> None:
             qos.restore_by_tag(tag)
 
 
+def settle_tags(client: redis.Redis, app: Celery, tags: list[str]) -> tuple[list[str], list[str]]:
+    """Unacked messages nobody holds any more: restore those whose job has not finished,
+    drop (ack) those whose job has, so a finished job is not delivered again just to be
+    answered from its record. Only this fleet's messages (queues ``ib.*``) are touched: a
+    shared Redis database may hold other Celery apps' unacked messages. Returns
+    (restored, dropped) tags."""
+    if not tags or not connection.is_redis_broker(app.conf.broker_url):
+        return [], []
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        unacked_key, index_key = channel.unacked_key, channel.unacked_index_key
+    ours: list[tuple[str, str | None]] = []
+    for tag, raw in zip(tags, client.hmget(unacked_key, tags)):
+        if raw is None:
+            continue  # acked or restored meanwhile
+        message, _exchange, routing_key = json.loads(raw)
+        if str(routing_key).startswith(QUEUE_PREFIX):
+            ours.append((tag, (message.get("headers") or {}).get("id")))
+    pipe = client.pipeline(transaction=False)
+    for _, job_id in ours:
+        pipe.hget(keys.job(job_id or "-"), "final")
+    finals = pipe.execute()
+    dropped = [tag for (tag, _), final in zip(ours, finals) if final is not None]
+    restored = [tag for (tag, _), final in zip(ours, finals) if final is None]
+    if dropped:
+        pipe = client.pipeline(transaction=True)
+        pipe.zrem(index_key, *dropped)
+        pipe.hdel(unacked_key, *dropped)
+        pipe.execute()
+    restore_tags(app, restored)
+    return restored, dropped
+
+
 def dead_workers(client: redis.Redis, me: str) -> list[str]:
     ids = [m.decode() for m in client.smembers(keys.WORKERS)]
     others = [i for i in ids if i != me]
@@ -68,15 +103,45 @@ def dead_workers(client: redis.Redis, me: str) -> list[str]:
     return [i for i, beat in zip(others, alive) if beat is None]
 
 
-def reap(client: redis.Redis, app: Celery, me: str, untracked_after_s: float | None = None) -> dict[str, int]:
+def judging_is_safe(client: redis.Redis, grace_s: float, link_up_s: float | None) -> bool:
+    """Whether a missing heartbeat now means a dead worker: the broker has been up, and
+    this process connected to it (``link_up_s``: seconds since it reconnected after an
+    outage, None if it never lost it), for at least ``grace_s``. After a broker outage
+    longer than the heartbeat TTL every heartbeat key has expired; the live workers beat
+    again within an interval of reconnecting, and must not be reaped by the first to
+    come back."""
+    if link_up_s is not None and link_up_s < grace_s:
+        return False
+    try:
+        uptime = float(client.info("server").get("uptime_in_seconds", grace_s))
+    except redis.ResponseError:  # INFO refused (some managed Redis): the link's age decides
+        return True
+    return uptime >= grace_s
+
+
+def reap(
+    client: redis.Redis,
+    app: Celery,
+    me: str,
+    untracked_after_s: float | None = None,
+    grace_s: float = 0.0,
+    link_up_s: float | None = None,
+) -> dict[str, int]:
     """Restore every dead worker's reserved messages. Returns {worker: messages restored}.
-    With ``untracked_after_s``, also the unacked messages no live worker holds."""
+    With ``untracked_after_s``, also the unacked messages no live worker holds. With
+    ``grace_s`` (the heartbeat TTL), nobody is judged dead until the broker and this
+    process's link to it have been up that long (``judging_is_safe``)."""
     restored: dict[str, int] = {}
-    for dead in dead_workers(client, me):
+    dead_ones = dead_workers(client, me)
+    if (dead_ones or untracked_after_s) and grace_s and not judging_is_safe(client, grace_s, link_up_s):
+        if dead_ones:
+            log.info("%d worker(s) without a heartbeat: judged once the broker is up %.0f s", len(dead_ones), grace_s)
+        return restored
+    for dead in dead_ones:
         if not client.set(keys.reap_lock(dead), me, nx=True, ex=60):
             continue  # another worker is on it
         tags = client.hgetall(keys.inflight(dead))
-        restore_tags(app, [t.decode() for t in tags.values()])
+        settle_tags(client, app, [t.decode() for t in tags.values()])
         pipe = client.pipeline()
         pipe.delete(keys.inflight(dead))
         pipe.srem(keys.WORKERS, dead)
@@ -109,13 +174,15 @@ def sweep_untracked(client: redis.Redis, app: Celery, me: str, min_age_s: float)
     for w in workers:
         pipe.hvals(keys.inflight(w))
     held = {t.decode() for tags in pipe.execute() for t in tags}
-    lost = [t for t in old if t not in held]
-    if lost:
-        restore_tags(app, lost)
+    restored, dropped = settle_tags(client, app, [t for t in old if t not in held])
+    if restored or dropped:
         log.warning(
-            "put back %d unacked message(s) that no live worker holds (older than %.0f s)", len(lost), min_age_s
+            "unacked message(s) no live worker holds, older than %.0f s: put back %d, dropped %d (job finished)",
+            min_age_s,
+            len(restored),
+            len(dropped),
         )
-    return lost
+    return restored
 
 
 def leave(client: redis.Redis, me: str) -> int:

@@ -171,7 +171,7 @@ def run_worker(
                 gate.update(beat.info.health)
             except Exception:  # tried again at the next beat
                 log.warning("could not change consuming after a health change", exc_info=True)
-        reaper.reap(client, app, worker_id, untracked_after_s=untracked_after_s)
+        reaper.reap(client, app, worker_id, untracked_after_s, grace_s=cfg.heartbeat.ttl_s, link_up_s=beat.link_up_s())
 
     started = [make(url, worker_id) for make in sidecars]
 
@@ -180,7 +180,7 @@ def run_worker(
         nonlocal ready
         ready = True  # the consuming gate acts from the next beat (not here: this thread runs the consumer)
         beat.set_status("ready")
-        reaper.reap(client, app, worker_id, untracked_after_s=untracked_after_s)
+        reaper.reap(client, app, worker_id, untracked_after_s, grace_s=cfg.heartbeat.ttl_s, link_up_s=beat.link_up_s())
         log.info("worker %s ready: %s, queues %s, concurrency %d", worker_id, engine.describe(), queues, concurrency)
 
     @worker_shutting_down.connect(weak=False)

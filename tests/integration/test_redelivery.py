@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import start_worker
+from conftest import start_worker, wait_for
 from dispatcher.store import keys
 
 pytestmark = pytest.mark.integration
@@ -78,3 +78,101 @@ def test_a_message_taken_but_never_recorded_is_put_back(client, redis_url):
         assert result.status == "completed" and result.worker == worker_id
     finally:
         worker.stop()
+
+
+def test_a_broker_outage_longer_than_the_heartbeat_ttl_reaps_no_live_worker(tmp_path):
+    """Every heartbeat key expires during an outage longer than the TTL. The worker that
+    comes back first must not reap a live peer that is a second slower (here: frozen with
+    SIGSTOP through the outage), nor drop its prefix hints; a worker that really died is
+    still reaped once the broker has been up a TTL."""
+    import os
+    import signal
+
+    from dispatcher.client import Client
+    from dispatcher.store.hints import PrefixHints
+    from ops.broker import EmbeddedBroker
+    from ops.localfleet import free_port
+
+    ttl = float(os.environ["IB_HEARTBEAT_TTL_S"])
+    port, data = free_port(), tmp_path / "valkey"
+    broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
+    fast = start_worker(broker.url, "llamacpp", extra_args=["--threads=1"])
+    slow = start_worker(broker.url, "llamacpp", extra_args=["--threads=1"])
+    try:
+        with Client(broker.url, resilient=True) as client:
+            PrefixHints(client.redis).record(slow.worker_id, ["block-a", "block-b"])
+            client.redis.execute_command("BGREWRITEAOF")
+            time.sleep(0.5)
+            os.kill(slow.proc.pid, signal.SIGSTOP)
+            broker.server.stop()
+            time.sleep(2 * ttl)  # every heartbeat key has expired when the broker returns
+            broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
+            wait_for(lambda: client.redis.exists(keys.worker(fast.worker_id)), 30, "the fast worker to beat again")
+            time.sleep(1.0)  # the slow one is still silent: the fast one would reap it now
+            os.kill(slow.proc.pid, signal.SIGCONT)
+            time.sleep(3 * ttl)
+            members = {m.decode() for m in client.redis.smembers(keys.WORKERS)}
+            assert {fast.worker_id, slow.worker_id} <= members
+            assert PrefixHints(client.redis).lookup(["block-a"]) == {slow.worker_id: 1}
+            assert "is gone: redelivered" not in fast.log_path.read_text() + slow.log_path.read_text()
+            slow.kill()  # now really dead: reaped once its heartbeat is a TTL old
+            wait_for(lambda: slow.worker_id not in {m.decode() for m in client.redis.smembers(keys.WORKERS)},
+                     6 * ttl, "the dead worker reaped")  # fmt: skip
+            assert f"worker {slow.worker_id} is gone" in fast.log_path.read_text()
+    finally:
+        for w in (fast, slow):
+            try:
+                os.kill(w.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            w.kill()
+        broker.stop()
+
+
+def test_the_unacked_sweep_drops_finished_jobs_and_leaves_other_apps_messages_alone(redis_url):
+    """An ack lost in an outage leaves a finished job's message unacked: the sweep drops it
+    instead of delivering the job again; an unfinished one goes back to its queue; another
+    Celery app's unacked message in the same database is not touched."""
+    import json
+    import subprocess
+    import sys
+    import uuid
+
+    import redis as redis_lib
+
+    from dispatcher.client import Client
+    from dispatcher.jobs import GenerationJob, Selection
+    from workers import reaper
+
+    base, _, _ = redis_url.rpartition("/")
+    url = f"{base}/12"
+    redis_lib.Redis.from_url(url).flushdb()
+    with Client(url) as client:
+        own = f"ib.llamacpp.sweep-{uuid.uuid4().hex[:6]}"
+        jobs = [GenerationJob(model="smollm2-135m", prompt=f"p{i}", backend="llamacpp") for i in range(2)]
+        sel = client.decide(jobs[0], client.workers())
+        client.enqueue([(j, Selection(**{**sel.model_dump(), "queue": own})) for j in jobs])
+        taker = (
+            "import os, sys\n"
+            "from dispatcher.celery_app import get_app\n"
+            "with get_app(sys.argv[1]).connection_for_read() as conn:\n"
+            "    for _ in range(2): conn.default_channel.basic_get(sys.argv[2], no_ack=False)\n"
+            "    os._exit(0)\n"
+        )
+        subprocess.run([sys.executable, "-c", taker, url, own], check=True, timeout=60)
+        r = client.redis
+
+        def waiting() -> list[str]:  # every priority level of the queue
+            return [json.loads(m)["headers"]["id"] for q in r.scan_iter(f"{own}*") for m in r.lrange(q, 0, -1)]
+
+        assert waiting() == [] and r.hlen("unacked") == 2
+        foreign = json.dumps([{"headers": {"id": "theirs"}, "body": ""}, "", "their.queue"])
+        r.hset("unacked", "foreign-tag", foreign)
+        r.zadd("unacked_index", {"foreign-tag": 1.0})
+        client.store.finish(jobs[0].id, "completed", {"id": jobs[0].id})  # its ack was lost
+        r.delete(keys.UNTRACKED_SWEEP)
+        restored = reaper.sweep_untracked(r, client.app, "sweeper", min_age_s=0.001)
+        assert len(restored) == 1
+        assert waiting() == [jobs[1].id]  # the unfinished one is back; the finished one is not
+        assert r.hkeys("unacked") == [b"foreign-tag"]  # only the other app's message is left
+    redis_lib.Redis.from_url(url).flushdb()
