@@ -39,6 +39,11 @@ class CancelWatcher:
         with self._lock:
             self._watched[job_id] = scope
 
+    def watching(self, job_id: str) -> bool:
+        """Whether this process runs the job now (it watches every job it runs)."""
+        with self._lock:
+            return job_id in self._watched
+
     def unwatch(self, job_id: str) -> None:
         with self._lock:
             self._watched.pop(job_id, None)

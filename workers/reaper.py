@@ -185,6 +185,33 @@ def sweep_untracked(client: redis.Redis, app: Celery, me: str, min_age_s: float)
     return restored
 
 
+# A job a previous process with this worker id was running goes back to queued, so a
+# redelivery is not taken for a duplicate of a run that no longer exists.
+_RELEASE = """
+for i, job_key in ipairs(KEYS) do
+  local state = redis.call('HMGET', job_key, 'status', 'worker', 'final')
+  if state[1] == 'running' and state[2] == ARGV[1] and not state[3] then
+    redis.call('HSET', job_key, 'status', 'queued')
+  end
+end
+return #KEYS
+"""
+
+
+def recover_own(client: redis.Redis, app: Celery, me: str) -> int:
+    """At start: what a previous process with this worker id had reserved (it died, and
+    this one took its id before its heartbeat expired) goes back to the queues now.
+    Returns the messages looked at."""
+    held = {k.decode(): v.decode() for k, v in client.hgetall(keys.inflight(me)).items()}
+    if not held:
+        return 0
+    client.eval(_RELEASE, len(held), *[keys.job(job_id) for job_id in held], me)
+    restored, dropped = settle_tags(client, app, list(held.values()))
+    client.delete(keys.inflight(me))
+    log.warning("previous %s held %d job(s): put back %d, %d had finished", me, len(held), len(restored), len(dropped))
+    return len(held)
+
+
 def leave(client: redis.Redis, me: str) -> int:
     """A worker shutting down cleanly: what waits in its own queue moves to the shared
     queue now, and late sends (stale fleet views) are swept by the others for a while."""

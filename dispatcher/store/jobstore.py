@@ -41,6 +41,7 @@ class Begin(NamedTuple):
     attempt: int
     cancelled: bool
     final: tuple[str, dict[str, Any]] | None = None
+    running_on: str | None = None  # a duplicate delivery: this live worker runs the job now
 
 
 class JobStore:
@@ -70,9 +71,13 @@ class JobStore:
             script(keys=[keys.job(job_id)], args=[self.ttl_s, *flat], client=pipe)
         return [bool(created) for created in pipe.execute()]
 
-    # A delivery either finds the final outcome (a redelivered job that already finished)
-    # or becomes the next attempt, learning in the same round trip whether the job (or
-    # its batch: KEYS[3]) was cancelled while it waited in the queue.
+    # A delivery either finds the final outcome (a redelivered job that already finished),
+    # or finds the job running on a live worker (a duplicate delivery: a visibility-timeout
+    # restore, a peer wrongly thought dead), or becomes the next attempt, learning in the
+    # same round trip whether the job (or its batch: KEYS[3]) was cancelled while queued.
+    # A worker is live while its heartbeat key exists; for this same worker the caller
+    # says (ARGV[4]) whether this process is running the job (a restarted worker with the
+    # same id is not).
     _BEGIN = """
     local final = redis.call('HGET', KEYS[1], 'final')
     if final then
@@ -80,18 +85,30 @@ class JobStore:
         if final == 'failed' then field = 'error' end
         return {0, 0, final, redis.call('HGET', KEYS[1], field)}
     end
+    local state = redis.call('HMGET', KEYS[1], 'status', 'worker')
+    if state[1] == 'running' and state[2] then
+        if state[2] == ARGV[1] then
+            if ARGV[4] == '1' then return {-1, state[2]} end
+        elseif redis.call('EXISTS', ARGV[5] .. state[2]) == 1 then
+            return {-1, state[2]}
+        end
+    end
     local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
     redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started_at', ARGV[2])
     redis.call('EXPIRE', KEYS[1], ARGV[3])
     return {attempt, redis.call('EXISTS', KEYS[2], KEYS[3])}
     """
 
-    def begin(self, job_id: str, worker: str, scope: str | None = None) -> Begin:
-        """``scope``: a batch id whose cancel flag cancels this job too."""
+    def begin(self, job_id: str, worker: str, scope: str | None = None, running_here: bool = False) -> Begin:
+        """``scope``: a batch id whose cancel flag cancels this job too. ``running_here``:
+        this process is running the job already (so this delivery is a duplicate)."""
         names = [keys.job(job_id), keys.cancel(job_id), keys.cancel(scope or job_id)]
-        out = self._begin(keys=names, args=[worker, time.time(), self.ttl_s])
+        args = [worker, time.time(), self.ttl_s, int(running_here), keys.worker("")]
+        out = self._begin(keys=names, args=args)
         if len(out) == 4:
             return Begin(attempt=0, cancelled=False, final=(out[2].decode(), json.loads(out[3]) if out[3] else {}))
+        if int(out[0]) == -1:
+            return Begin(attempt=0, cancelled=False, running_on=out[1].decode())
         return Begin(attempt=int(out[0]), cancelled=bool(out[1]))
 
     # HSETNX decides who finishes; the rest of the write happens in the same script, so

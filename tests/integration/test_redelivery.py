@@ -176,3 +176,77 @@ def test_the_unacked_sweep_drops_finished_jobs_and_leaves_other_apps_messages_al
         assert waiting() == [jobs[1].id]  # the unfinished one is back; the finished one is not
         assert r.hkeys("unacked") == [b"foreign-tag"]  # only the other app's message is left
     redis_lib.Redis.from_url(url).flushdb()
+
+
+def test_a_duplicate_delivery_waits_for_the_live_run_and_takes_over_only_if_its_worker_dies(client, redis_url):
+    """A second delivery of a job that runs on a live worker (a visibility-timeout restore,
+    a peer wrongly thought dead) must not start the engine again: it waits for the first
+    run's outcome. If that worker dies instead, the waiting delivery becomes the next attempt."""
+    import uuid
+
+    from dispatcher.jobs import GenerationJob
+
+    worker_id = f"llamacpp-{uuid.uuid4().hex[:8]}"
+    worker = start_worker(redis_url, "llamacpp", worker_id=worker_id, extra_args=["--threads=1"])
+    ghost = f"llamacpp-ghost-{uuid.uuid4().hex[:6]}"  # "runs" the jobs: a live heartbeat, no process
+    r = client.redis
+    try:
+        r.set(keys.worker(ghost), "{}", px=120_000)
+        jobs = [GenerationJob(model="smollm2-135m", prompt="Say hi.", sampling={"max_tokens": 4}) for _ in range(2)]
+        sel = client.decide(jobs[0].model_copy(update={"backend": "llamacpp"}), client.workers())
+        own = f"ib.llamacpp.{worker.worker_id}"
+        for job in jobs:
+            assert client.store.claim([(job.id, {"model": job.model})]) == [True]
+            assert client.store.begin(job.id, ghost).attempt == 1  # the first delivery runs on the ghost
+            args = [job.model_dump(mode="json"), sel.model_copy(update={"queue": own}).model_dump(mode="json")]
+            client.app.send_task("ib.generate", args=args, task_id=job.id, queue=own)
+        wait_for(lambda: worker.log_path.read_text().count(f"runs on {ghost}") >= 2, 60, "both deliveries waiting")
+        time.sleep(1.0)
+        assert [client.record(j.id)["attempts"] for j in jobs] == ["1", "1"]  # no engine run started
+        # The first run finishes: the waiting delivery returns its outcome, runs nothing.
+        assert client.store.finish(jobs[0].id, "completed", {"id": jobs[0].id, "by": ghost})
+        wait_for(lambda: not r.hexists(keys.inflight(worker.worker_id), jobs[0].id), 30, "the duplicate to end")
+        first = client.record(jobs[0].id)
+        assert (first["worker"], first["attempts"], first["completions"]) == (ghost, "1", "1")
+        # The second one's worker dies: the waiting delivery takes over as attempt 2.
+        r.delete(keys.worker(ghost))
+        result = client.result(jobs[1].id, timeout=60)
+        assert result.worker == worker.worker_id and result.attempt == 2 and result.status == "completed"
+    finally:
+        r.delete(keys.worker(ghost))
+        worker.stop()
+
+
+def test_a_worker_restarted_under_the_same_id_puts_back_what_its_previous_process_held(client, redis_url):
+    """A pod restarted with the same name before its heartbeat expired: the old process's
+    reserved job is neither held forever (its in-flight record says a live worker has it)
+    nor taken for a duplicate of a run that no longer exists."""
+    import subprocess
+    import sys
+    import uuid
+
+    from dispatcher.jobs import GenerationJob, Selection
+
+    worker_id = f"llamacpp-{uuid.uuid4().hex[:8]}"
+    own = f"ib.llamacpp.{worker_id}"
+    job = GenerationJob(model="smollm2-135m", prompt="Say hi.", sampling={"max_tokens": 4}, backend="llamacpp")
+    sel = client.decide(job, client.workers())
+    client.enqueue([(job, Selection(**{**sel.model_dump(), "queue": own}))])
+    taker = (  # the previous process: took the message, recorded it, started the job, died
+        "import os, sys\n"
+        "from dispatcher.celery_app import get_app\n"
+        "with get_app(sys.argv[1]).connection_for_read() as conn:\n"
+        "    m = conn.default_channel.basic_get(sys.argv[2], no_ack=False)\n"
+        "    print(m.delivery_tag, flush=True)\n"
+        "    os._exit(0)\n"
+    )
+    tag = subprocess.run([sys.executable, "-c", taker, redis_url, own], capture_output=True, text=True, timeout=60)
+    client.redis.hset(keys.inflight(worker_id), job.id, tag.stdout.strip())
+    assert client.store.begin(job.id, worker_id).attempt == 1
+    client.redis.set(keys.worker(worker_id), "{}", px=60_000)  # its heartbeat has not expired yet
+    worker = start_worker(redis_url, "llamacpp", worker_id=worker_id, extra_args=["--threads=1"])
+    try:
+        result = client.result(job.id, timeout=60)
+        assert result.status == "completed" and result.worker == worker_id and result.attempt == 2
+    finally:
+        worker.stop()
