@@ -24,7 +24,7 @@ from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, response_body
 from dispatcher.client import JobHandle
 from dispatcher.jobs import JobError, JobResult, result_of
 from dispatcher.store.jobstore import wait_async
-from dispatcher.store.streams import read_stream_async
+from dispatcher.store.streams import StreamRestartedError, read_stream_async
 from gateway.auth import authenticate
 from gateway.bodies import ChatCompletionRequest, CompletionRequest, Generation, parse
 from gateway.errors import APIError
@@ -125,12 +125,17 @@ async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Ch
     try:
         if first := chunks.start():
             yield first
-        async for delta in read_stream_async(fleet.aredis, handle.id):
-            if delta is not None:
-                yield chunks.delta(delta)
-            elif time.monotonic() > deadline:
-                yield sse(APIError(504, "no end of the answer in time; the job was cancelled", "timeout").body())
-                return
+        try:
+            async for delta in read_stream_async(fleet.aredis, handle.id):
+                if delta is not None:
+                    yield chunks.delta(delta)
+                elif time.monotonic() > deadline:
+                    yield sse(APIError(504, "no end of the answer in time; the job was cancelled", "timeout").body())
+                    return
+        except StreamRestartedError as exc:  # redelivered, and the new text differs from what was sent
+            ended = True  # the job goes on: its result holds the new text
+            yield sse(APIError.from_job_error(exc).body())
+            return
         final = await wait_async(fleet.aredis, handle.id, timeout=30)
         ended = True
         if final is None:

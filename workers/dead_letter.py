@@ -80,8 +80,9 @@ def _validated(model: type[M], data: object, name: str) -> M:
 
 def dead_letter_task(
     letters: DeadLetters, store: JobStore, request: Any, args: tuple, kwargs: dict, exc: InvalidMessageError
-) -> DeadLetter:
-    """Keep a task whose arguments did not validate, and fail its job (and batch line)."""
+) -> str | None:
+    """Keep a task whose arguments did not validate, and fail its job (and batch line).
+    Returns the id of the job it failed, if any."""
     info = getattr(request, "delivery_info", None) or {}
     letter = DeadLetter(
         id=uuid.uuid4().hex[:16],
@@ -99,10 +100,11 @@ def dead_letter_task(
     log.error("dead letter %s (invalid_arguments, job %s): %s", letter.id, letter.task_id, exc.message[:200])
     job = args[0] if args and isinstance(args[0], dict) else {}
     job_id = job.get("id") if isinstance(job.get("id"), str) else letter.task_id
-    if job_id and store.r.exists(keys.job(job_id)):
-        error = InvalidMessageError(f"{exc.message} (dead letter {letter.id})", {"dead_letter": letter.id})
-        store.finish(job_id, "failed", error.to_dict(), line=_batch_line(job, job_id, error))
-    return letter
+    if not (job_id and store.r.exists(keys.job(job_id))):
+        return None
+    error = InvalidMessageError(f"{exc.message} (dead letter {letter.id})", {"dead_letter": letter.id})
+    store.finish(job_id, "failed", error.to_dict(), line=_batch_line(job, job_id, error))
+    return job_id
 
 
 def _batch_line(job: dict, job_id: str, error: InvalidMessageError) -> LineRecord | None:

@@ -89,7 +89,7 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
         if begin.cancelled:  # cancelled while queued: never reaches the model
             out = EngineOutput([], "", "cancelled", len(rt.engine.encode(job)), None, time.time())
         else:
-            on_text = (lambda delta: streams.delta(job.id, delta)) if streams else None
+            on_text = (lambda delta: streams.delta(job.id, delta, attempt)) if streams else None
             out = rt.engine.generate(job, timeout=rt.time_limit_s, on_text=on_text)
         status = "cancelled" if out.finish_reason == "cancelled" else "completed"
     except JobError as exc:
@@ -103,7 +103,7 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
     finally:
         rt.cancels.unwatch(job.id)
         if streams:
-            streams.end(job.id, status)
+            streams.end(job.id, status, attempt)
     result = build_result(job, selection, out, started, rt.worker_id, attempt)
     payload = result.model_dump(mode="json")
     if rt.metrics is not None:
@@ -178,7 +178,9 @@ def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
             job, selection = parse_arguments(args, kwargs)
         except InvalidMessageError as exc:
             if rt.dead_letters is not None:
-                dead_letter_task(rt.dead_letters, rt.store, task.request, args, kwargs, exc)
+                failed = dead_letter_task(rt.dead_letters, rt.store, task.request, args, kwargs, exc)
+                if failed and rt.streams is not None:
+                    rt.streams.end(failed, "failed")  # a reader of its stream stops waiting
             raise
         payload = run_job(rt, job, selection)
         return payload if show_text else event_summary(payload)

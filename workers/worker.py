@@ -206,6 +206,8 @@ def run_worker(
             sidecar.stop()
         beat.stop()
         reaper.leave(client, worker_id)
+        if runtime.streams is not None:
+            runtime.streams.close()  # what is still queued (end entries, their TTLs) is written
         engine.close()
         cancels.stop()
         if gpu_reader is not None:

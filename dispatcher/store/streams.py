@@ -7,6 +7,12 @@ any number of clients can read the same job. The stream expires with the job rec
 
 The worker side never writes on the decoding path: deltas go into a queue that one
 thread drains with pipelined XADDs, so a batch step is not slowed by Redis round trips.
+
+A job redelivered after its worker died is generated again from the start, into the same
+stream. Every entry carries its attempt, and a reader stays on one text: it skips the
+new attempt's text up to what it has already given out and goes on from there; if the
+new text differs from what was given out (sampling without a seed), the reader ends with
+``StreamRestartedError`` rather than show the caller two answers spliced together.
 """
 
 from __future__ import annotations
@@ -16,15 +22,58 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import NamedTuple
 
 import redis
 import redis.asyncio
 
+from dispatcher.jobs import JobError
 from dispatcher.store import keys
 
 log = logging.getLogger(__name__)
 
 END_FIELD = b"end"
+ATTEMPT_FIELD = b"a"
+
+
+class StreamRestartedError(JobError):
+    """The job was redelivered and its new text differs from what was already streamed."""
+
+    code = "stream_restarted"
+
+
+class OneAttempt:
+    """Keeps a reader on one attempt's text across redeliveries (see the module doc)."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.attempt = 0
+        self.sent: list[str] = []  # what was given out, in pieces
+        self.sent_len = 0
+        self.pos = 0  # characters of the current attempt seen so far
+
+    def feed(self, attempt: int, text: str) -> str:
+        """The part of an entry to give out ("" for text already given out)."""
+        if attempt < self.attempt:
+            return ""  # a late entry of an earlier attempt
+        if attempt > self.attempt:
+            self.attempt, self.pos = attempt, 0
+        overlap = max(0, min(len(text), self.sent_len - self.pos))
+        if overlap and text[:overlap] != "".join(self.sent)[self.pos : self.pos + overlap]:
+            raise StreamRestartedError(
+                f"job {self.job_id} was restarted on another worker (attempt {attempt}) and its new text "
+                "differs from what was already streamed; its final result has the new text",
+                {"job_id": self.job_id, "attempt": attempt},
+            )
+        self.pos += len(text)
+        new = text[overlap:]
+        if new:
+            self.sent.append(new)
+            self.sent_len += len(new)
+        return new
+
+    def ends(self, attempt: int) -> bool:
+        return attempt >= self.attempt
 
 
 class StreamPublisher:
@@ -33,16 +82,16 @@ class StreamPublisher:
     def __init__(self, client: redis.Redis, ttl_s: int) -> None:
         self.r = client
         self.ttl_s = ttl_s
-        self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[str, str, str, int] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="stream-publisher", daemon=True)
         self._thread.start()
 
-    def delta(self, job_id: str, text: str) -> None:
+    def delta(self, job_id: str, text: str, attempt: int = 1) -> None:
         if text:
-            self._queue.put((job_id, "d", text))
+            self._queue.put((job_id, "d", text, attempt))
 
-    def end(self, job_id: str, status: str) -> None:
-        self._queue.put((job_id, "end", status))
+    def end(self, job_id: str, status: str, attempt: int = 1) -> None:
+        self._queue.put((job_id, "end", status, attempt))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -61,10 +110,11 @@ class StreamPublisher:
                 continue
             try:
                 pipe = self.r.pipeline(transaction=False)
-                for job_id, field, value in items:
-                    pipe.xadd(keys.stream(job_id), {field: value})
-                    if field == "end":
-                        pipe.expire(keys.stream(job_id), self.ttl_s)
+                for job_id, field, value, attempt in items:
+                    pipe.xadd(keys.stream(job_id), {field: value, "a": attempt})
+                # each write sets the TTL: a stream whose worker dies before its end entry still expires
+                for job_id in {item[0] for item in items}:
+                    pipe.expire(keys.stream(job_id), self.ttl_s)
                 pipe.execute()
             except redis.RedisError:
                 log.warning("could not publish %d stream entries", len(items), exc_info=True)
@@ -79,26 +129,43 @@ def drain(q: queue.Queue) -> list:
             return items
 
 
-def _entries(reply: list | None, last: bytes | str) -> tuple[bytes | str, list[str], bool]:
-    """One XREAD reply: (the last entry id seen, its text deltas, whether the end entry came)."""
+class _Read(NamedTuple):
+    last: bytes | str  # the last entry id seen
+    deltas: list[str]  # text to give out
+    ended: bool  # the end entry came
+    error: StreamRestartedError | None  # raise after giving out ``deltas``
+
+
+def _entries(reply: list | None, last: bytes | str, follow: OneAttempt) -> _Read:
+    """One XREAD reply, read on one attempt's text."""
     deltas: list[str] = []
     for _, entries in reply or []:
         for entry_id, fields in entries:
             last = entry_id
+            attempt = int(fields.get(ATTEMPT_FIELD, 1))
             if END_FIELD in fields:
-                return last, deltas, True
-            deltas.append(fields[b"d"].decode())
-    return last, deltas, False
+                if follow.ends(attempt):
+                    return _Read(last, deltas, True, None)
+                continue  # an earlier attempt's end: the current one goes on
+            try:
+                delta = follow.feed(attempt, fields[b"d"].decode())
+            except StreamRestartedError as exc:
+                return _Read(last, deltas, True, exc)
+            if delta:
+                deltas.append(delta)
+    return _Read(last, deltas, False, None)
 
 
 def read_stream(client: redis.Redis, job_id: str, timeout: float | None = None) -> Iterator[str]:
     """Yield the job's text deltas from the first one until its end entry."""
-    key, last = keys.stream(job_id), "0-0"
+    key, last, follow = keys.stream(job_id), "0-0", OneAttempt(job_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         block_ms = 1000 if deadline is None else max(1, int(min(1.0, deadline - time.monotonic()) * 1000))
-        last, deltas, ended = _entries(client.xread({key: last}, block=block_ms, count=256), last)
+        last, deltas, ended, error = _entries(client.xread({key: last}, block=block_ms, count=256), last, follow)
         yield from deltas
+        if error is not None:
+            raise error
         if ended:
             return
         if deadline is not None and time.monotonic() >= deadline:
@@ -111,13 +178,15 @@ async def read_stream_async(
     """``read_stream`` for an asyncio server: yields each delta, and None whenever
     ``block_s`` passes with nothing new (so the caller can look at its own deadline or
     its client), until the end entry."""
-    key, last = keys.stream(job_id), "0-0"
+    key, last, follow = keys.stream(job_id), "0-0", OneAttempt(job_id)
     while True:
         reply = await client.xread({key: last}, block=max(1, int(block_s * 1000)), count=256)
         if not reply:
             yield None
-        last, deltas, ended = _entries(reply, last)
+        last, deltas, ended, error = _entries(reply, last, follow)
         for delta in deltas:
             yield delta
+        if error is not None:
+            raise error
         if ended:
             return

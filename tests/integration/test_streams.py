@@ -1,0 +1,59 @@
+"""Token streams across a redelivery, on a real Redis: a reader sees one attempt's text,
+never attempt 1's partial text followed by attempt 2's whole text."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from dispatcher.store import keys
+from dispatcher.store.streams import StreamPublisher, StreamRestartedError, read_stream
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def r(redis_url):
+    return redis.Redis.from_url(redis_url)
+
+
+def publish(r, job_id: str, attempts: list[tuple[int, list[str], str | None]]) -> None:
+    pub = StreamPublisher(r, ttl_s=600)
+    for attempt, deltas, end in attempts:
+        for d in deltas:
+            pub.delta(job_id, d, attempt)
+        if end:
+            pub.end(job_id, end, attempt)
+    pub.close()  # flushes what is queued
+
+
+def test_a_redelivered_job_streams_one_text_continuing_where_the_first_attempt_stopped(r):
+    job = uuid.uuid4().hex
+    # attempt 1 dies after "The cap"; attempt 2 (greedy: the same text) splits it differently
+    publish(r, job, [(1, ["The ", "cap"], None), (2, ["The c", "apital ", "is ", "Paris."], "completed")])
+    assert "".join(read_stream(r, job, timeout=5)) == "The capital is Paris."
+    assert list(read_stream(r, job, timeout=5)) == ["The ", "cap", "ital ", "is ", "Paris."]
+
+
+def test_a_new_attempt_whose_text_differs_ends_the_stream_with_a_typed_error(r):
+    job = uuid.uuid4().hex
+    publish(r, job, [(1, ["Once upon"], None), (2, ["Long ago", " there"], "completed")])
+    seen = []
+    with pytest.raises(StreamRestartedError, match="restarted on another worker"):
+        for delta in read_stream(r, job, timeout=5):
+            seen.append(delta)
+    assert seen == ["Once upon"]  # nothing of the other text was given out
+
+
+def test_late_entries_of_an_earlier_attempt_and_its_end_are_ignored(r):
+    job = uuid.uuid4().hex
+    publish(r, job, [(2, ["Hello"], None), (1, [" stale"], "completed"), (2, [" world"], "completed")])
+    assert "".join(read_stream(r, job, timeout=5)) == "Hello world"
+
+
+def test_a_stream_expires_even_when_its_worker_dies_before_the_end_entry(r):
+    job = uuid.uuid4().hex
+    publish(r, job, [(1, ["partial"], None)])
+    assert 0 < r.ttl(keys.stream(job)) <= 600
