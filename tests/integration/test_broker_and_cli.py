@@ -28,10 +28,15 @@ def test_embedded_broker_keeps_queued_work_across_a_restart(tmp_path):
 
 def test_embedded_broker_requires_the_password_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("REDIS_PASSWORD", "s3cret")
-    with EmbeddedBroker(port=None, data_dir=tmp_path).start(announce=False) as broker:
+    data = tmp_path / "broker"
+    with EmbeddedBroker(port=None, data_dir=data).start(announce=False) as broker:
         assert redis.Redis.from_url(broker.url).ping()
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=broker.server.port).ping()
+        # From its first moment, not set afterwards: the config it started with requires it,
+        # so a restart by anyone else (a supervisor, valkey-server on the same file) does too.
+        assert "requirepass s3cret" in (data / "valkey.conf").read_text()
+        assert data.stat().st_mode & 0o077 == 0  # and only this user can read that file
 
 
 def test_ib_explain_prints_the_path(redis_url):

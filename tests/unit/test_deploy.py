@@ -61,9 +61,27 @@ def test_compose_runs_the_whole_fleet_with_health_restarts_volumes_and_no_secret
     for gpu in ("worker-vllm", "tgi"):
         assert services[gpu]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     text = "\n".join(line.split("#")[0] for line in (ROOT / "docker-compose.yml").read_text().splitlines())
+    text = re.sub(r"\$\{[A-Z_]+:\?[^}]*\}", "", text)  # a required variable names no value
     assert not re.search(r"(PASSWORD|BASIC_AUTH)\s*[:=]\s*[\"']?[A-Za-z0-9]", text.replace("${", "")), (
         "secrets belong in .env"
     )
+
+
+def test_compose_refuses_an_open_redis_and_never_puts_vllm_and_tgi_on_one_gpu():
+    services = compose()["services"]
+    # `${VAR:?message}`: compose stops with the message when REDIS_PASSWORD is unset or empty
+    assert re.fullmatch(r"\$\{REDIS_PASSWORD:\?.+\}", services["redis"]["environment"]["REDIS_PASSWORD"])
+    assert "--requirepass" in " ".join(services["redis"]["command"])
+    # TGI and its worker only with --profile tgi, and then on another GPU than vLLM's by default
+    assert services["tgi"]["profiles"] == ["tgi"] and services["worker-tgi"]["profiles"] == ["tgi"]
+    assert "profiles" not in services["worker-vllm"]
+
+    def gpu(name: str) -> str:
+        device = services[name]["deploy"]["resources"]["reservations"]["devices"][0]
+        assert "count" not in device, name  # count: 1 would let both take the same first GPU
+        return re.sub(r"\$\{[A-Z_]+:-(\w+)\}", r"\1", device["device_ids"][0])
+
+    assert gpu("worker-vllm") != gpu("tgi")
 
 
 def test_kubernetes_manifests_match_the_kubernetes_schemas():
