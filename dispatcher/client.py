@@ -103,7 +103,7 @@ class Client:
         self.prefix: tuple[PrefixHasher, PrefixHints] | None = None
         if cfg.prefix.enabled:
             hasher = PrefixHasher(cfg.prefix.block_tokens, cfg.prefix.max_blocks)
-            self.prefix = (hasher, PrefixHints(self.redis, cfg.prefix.hint_ttl_s))
+            self.prefix = (hasher, PrefixHints(self.redis, cfg.prefix.hint_ttl_s, cfg.prefix.max_worker_blocks))
         self._fleet: tuple[float, FleetView] | None = None
         self.profile = profiles.load() if self.policy.policy == "profile" else None
 

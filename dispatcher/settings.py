@@ -83,6 +83,7 @@ class PrefixSettings(Section):
     block_tokens: int
     max_blocks: int
     hint_ttl_s: int
+    max_worker_blocks: int
 
 
 class ClientSettings(Section):

@@ -30,6 +30,9 @@ from dispatcher.store import keys
 from dispatcher.store.hints import PrefixHints
 
 SWEEP_S = 60.0  # how long a dead worker's queue is swept (late sends from stale fleet views)
+# kombu's Redis transport keeps each exchange's bindings in these sets (one per own queue)
+BINDING_PREFIX = "_kombu.binding."
+PERMANENT_BINDING_PREFIX = "_kombu.binding_permanent."
 
 # Move every message of a dead worker's own queue to its backend's shared queue, oldest
 # nearest the consuming end, pointing each message's routing key at the shared queue so
@@ -246,6 +249,12 @@ def sweep_orphans(client: redis.Redis) -> int:
     if expired:
         pipe = client.pipeline()
         pipe.zrem(keys.ORPHANED, *expired)
-        pipe.hdel(keys.WORKER_QUEUES, *expired)
+        # one back under the same id (a restarted pod) keeps its queue and its bindings
+        gone = [w for w, beat in zip(expired, client.mget([keys.worker(w) for w in expired])) if beat is None]
+        own_queues = [q.decode() for q in client.hmget(keys.WORKER_QUEUES, gone) if q] if gone else []
+        if gone:
+            pipe.hdel(keys.WORKER_QUEUES, *gone)
+        for queue in own_queues:  # kombu's binding tables of its own queue: one pair per worker id ever
+            pipe.delete(f"{BINDING_PREFIX}{queue}", f"{PERMANENT_BINDING_PREFIX}{queue}")
         pipe.execute()
     return moved

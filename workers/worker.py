@@ -127,7 +127,7 @@ def run_worker(
     )
     if len(queues) > 1:
         client.hset(keys.WORKER_QUEUES, worker_id, queues[1])  # swept to the shared queue if this worker dies
-    hints = PrefixHints(client, cfg.prefix.hint_ttl_s)
+    hints = PrefixHints(client, cfg.prefix.hint_ttl_s, cfg.prefix.max_worker_blocks)
     hints.drop_worker(worker_id)  # a restarted worker holds no KV state, whatever hints said
     reaper.recover_own(client, app, worker_id)  # a previous process with this id died holding jobs
     letters = DeadLetters(client)

@@ -31,6 +31,9 @@ STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "e
 FINAL_STATUSES = frozenset({"failed", "completed", "expired", "cancelled"})
 
 
+PURGE_SEP = "\n"  # ib:batches:purge members: "<batch id>\n<owner or nothing>"
+
+
 def line_keys(batch_id: str) -> list[str]:
     """The KEYS of ``record_line``, in its order."""
     return [keys.batch(batch_id), keys.batch_out(batch_id), keys.ACTIVE_BATCHES]
@@ -154,11 +157,30 @@ class BatchStore:
         pipe.expireat(keys.batch(batch_id), purge_at)
         pipe.zadd(keys.BATCHES, {batch_id: now})
         pipe.zadd(keys.ACTIVE_BATCHES, {batch_id: now})
+        pipe.zadd(keys.BATCH_PURGES, {f"{batch_id}{PURGE_SEP}{fields.get('owner') or ''}": purge_at})
         if fields.get("owner"):  # the index lives as long as the owner's newest batch
             pipe.zadd(keys.owner_batches(fields["owner"]), {batch_id: now})
             pipe.expireat(keys.owner_batches(fields["owner"]), purge_at, gt=True)
             pipe.expireat(keys.owner_batches(fields["owner"]), purge_at, nx=True)
         pipe.execute()
+        self.prune(now)
+
+    def prune(self, now: float, limit: int = 1000) -> int:
+        """Drop batches whose records have expired (past their window and retention) from
+        every index, so the indexes stay bounded as batches flow. Returns how many."""
+        due = [m.decode() for m in self.r.zrangebyscore(keys.BATCH_PURGES, "-inf", now, start=0, num=limit)]
+        if not due:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for member in due:
+            batch_id, _, owner = member.partition(PURGE_SEP)
+            pipe.zrem(keys.BATCHES, batch_id)
+            pipe.zrem(keys.ACTIVE_BATCHES, batch_id)
+            if owner:
+                pipe.zrem(keys.owner_batches(owner), batch_id)
+        pipe.zrem(keys.BATCH_PURGES, *due)
+        pipe.execute()
+        return len(due)
 
     def stage(
         self, batch_id: str, entries: list[str], errors: list[tuple[int, dict]], last_line: int, purge_at: int

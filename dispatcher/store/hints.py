@@ -2,9 +2,14 @@
 
 One sorted set per block hash (``ib:prefix:<hash>``: worker id → last time it held the
 block), with a TTL. A dispatch looks up every block of a prompt in one pipelined round
-trip; a worker that starts or finishes a job confirms its blocks; a dead or restarted
-worker's hints are dropped (``ib:prefix-worker:<id>`` lists them). The hashes themselves
-are made by dispatcher.routing.prefix.
+trip (a holder not confirmed within the TTL does not count); a worker that starts or
+finishes a job confirms its blocks; a dead or restarted worker's hints are dropped
+(``ib:prefix-blocks:<id>`` lists them). The hashes themselves are made by
+dispatcher.routing.prefix.
+
+Bounded while jobs flow: a worker's list keeps the blocks confirmed within the TTL, at
+most ``max_worker_blocks`` of them (its prefix cache holds far fewer), the oldest
+trimmed at each confirmation; each block's set expires a TTL after its last confirmation.
 """
 
 from __future__ import annotations
@@ -18,17 +23,19 @@ from dispatcher.store import keys
 
 
 class PrefixHints:
-    def __init__(self, client: redis.Redis, ttl_s: int = 3600) -> None:
+    def __init__(self, client: redis.Redis, ttl_s: int = 3600, max_worker_blocks: int = 65536) -> None:
         self.r = client
         self.ttl_s = ttl_s
+        self.max_worker_blocks = max_worker_blocks
 
     def lookup(self, hashes: list[str]) -> dict[str, int]:
         """Worker → number of consecutive leading blocks it holds (one round trip)."""
         if not hashes:
             return {}
         pipe = self.r.pipeline(transaction=False)
+        fresh = time.time() - self.ttl_s
         for h in hashes:
-            pipe.zrange(keys.prefix_block(h), 0, -1)
+            pipe.zrangebyscore(keys.prefix_block(h), fresh, "+inf")
         holders = [{w.decode() for w in ws} for ws in pipe.execute()]
         matched: dict[str, int] = {}
         for worker in holders[0]:
@@ -43,20 +50,23 @@ class PrefixHints:
         ``client``: a pipeline to add the writes to (the caller executes it)."""
         if not hashes:
             return
-        own = client is None
+        execute = client is None
         pipe = client if client is not None else self.r.pipeline(transaction=False)
         now = time.time()
         for h in hashes:
             pipe.zadd(keys.prefix_block(h), {worker_id: now})
             pipe.expire(keys.prefix_block(h), self.ttl_s)
-        pipe.sadd(keys.worker_blocks(worker_id), *hashes)
-        pipe.expire(keys.worker_blocks(worker_id), self.ttl_s)
-        if own:
+        own = keys.worker_blocks(worker_id)
+        pipe.zadd(own, dict.fromkeys(hashes, now))
+        pipe.zremrangebyscore(own, "-inf", now - self.ttl_s)
+        pipe.zremrangebyrank(own, 0, -(self.max_worker_blocks + 1))
+        pipe.expire(own, self.ttl_s)
+        if execute:
             pipe.execute()
 
     def drop_worker(self, worker_id: str) -> int:
         """Forget every block a worker was said to hold (it died, or restarted empty)."""
-        hashes = [h.decode() for h in self.r.smembers(keys.worker_blocks(worker_id))]
+        hashes = [h.decode() for h in self.r.zrange(keys.worker_blocks(worker_id), 0, -1)]
         pipe = self.r.pipeline(transaction=False)
         for h in hashes:
             pipe.zrem(keys.prefix_block(h), worker_id)

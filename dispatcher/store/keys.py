@@ -32,6 +32,7 @@ def stream(job_id: str) -> str:
 # ---------------------------------------------------------------- batches (dispatcher.store.batchstore)
 
 BATCHES = "ib:batches"  # sorted set: every batch by creation time
+BATCH_PURGES = "ib:batches:purge"  # sorted set: every batch (and its owner) by the time its records expire
 ACTIVE_BATCHES = "ib:batches:active"  # sorted set: batches the feeder still has to look at
 FEEDER_LEASE = "ib:batch-feeder"  # which feeder feeds (one at a time in the fleet)
 
@@ -85,8 +86,9 @@ def prefix_block(block_hash: str) -> str:
 
 
 def worker_blocks(worker_id: str) -> str:
-    """Set: the block hashes a worker was said to hold (dropped when it dies or restarts)."""
-    return f"ib:prefix-worker:{worker_id}"
+    """Sorted set: the block hashes a worker was said to hold, by time (capped; dropped when
+    it dies or restarts)."""
+    return f"ib:prefix-blocks:{worker_id}"
 
 
 # ---------------------------------------------------------------- the HTTP gateway (gateway/)
