@@ -19,6 +19,7 @@ from dispatcher.jobs import BACKENDS
 GENERATE_TASK = "ib.generate"
 QUEUE_PREFIX = "ib."
 AMQP_MAX_PRIORITY = 9
+PRIORITY_SEP = ":"  # kombu's Redis transport: queue name, separator, priority step
 
 
 class BrokerNotConfigured(RuntimeError):
@@ -33,6 +34,12 @@ def queue_for(backend: str) -> str:
 def own_queue_for(backend: str, worker_id: str) -> str:
     """A worker's own queue (prefix-affinity sends; swept to the shared one if it dies)."""
     return f"{queue_for(backend)}.{worker_id}"
+
+
+def priority_queue_names(queue: str, steps: list[int]) -> list[str]:
+    """The Redis lists a queue is kept in, one per priority step (kombu: ``<queue>:<step>``,
+    the first step under the plain name)."""
+    return [queue if pri == 0 else f"{queue}{PRIORITY_SEP}{pri}" for pri in steps]
 
 
 def create_app(broker_url: str) -> Celery:
@@ -70,7 +77,7 @@ def create_app(broker_url: str) -> Celery:
             "visibility_timeout": cfg.celery.visibility_timeout_s,
             "queue_order_strategy": "priority",
             "priority_steps": steps,
-            "sep": ":",
+            "sep": PRIORITY_SEP,
         },
         result_backend_transport_options={"visibility_timeout": cfg.celery.visibility_timeout_s},
         task_queues=[Queue(queue_for(b), routing_key=queue_for(b)) for b in BACKENDS],

@@ -18,7 +18,13 @@ from typing import Any
 
 from dispatcher import connection, settings
 from dispatcher.batch.api import Batches
-from dispatcher.celery_app import GENERATE_TASK, BrokerNotConfigured, get_app, message_priority
+from dispatcher.celery_app import (
+    GENERATE_TASK,
+    BrokerNotConfigured,
+    get_app,
+    message_priority,
+    priority_queue_names,
+)
 from dispatcher.fleet import FleetView, read_fleet
 from dispatcher.jobs import (
     BACKENDS,
@@ -34,7 +40,7 @@ from dispatcher.jobs import (
 )
 from dispatcher.registry import ModelRegistry, load_backends
 from dispatcher.routing import profiles
-from dispatcher.routing.decision import apply_affinity, decide
+from dispatcher.routing.decision import apply_affinity, cap_affinity, decide
 from dispatcher.routing.prefix import PrefixHasher
 from dispatcher.store.hints import PrefixHints
 from dispatcher.store.jobstore import JobStore
@@ -145,7 +151,18 @@ class Client:
             return sel
         hasher, hints = self.prefix
         hashes = hasher.hashes(job, model, self.backends[sel.backend].prefix_block_tokens)
-        return apply_affinity(sel, hashes, hints.lookup(hashes), fleet, self.policy)
+        sel = apply_affinity(sel, hashes, hints.lookup(hashes), fleet, self.policy)
+        if sel.affinity_worker is None:
+            return sel
+        holder = next((w for w in fleet.workers if w.worker_id == sel.affinity_worker), None)
+        return cap_affinity(sel, self._queued(sel.queue), holder.capacity if holder else 1, self.policy)
+
+    def _queued(self, queue: str) -> int:
+        """Jobs waiting in a queue, all priority levels (one round trip)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name in priority_queue_names(queue, self.priorities.steps()):
+            pipe.llen(name)
+        return sum(pipe.execute())
 
     # ------------------------------------------------------------- submitting
 

@@ -75,6 +75,9 @@ class DecisionPolicy(Section):
     prefix_affinity_backends: list[str]
     prefix_min_blocks: int
     prefix_load_penalty_blocks: float
+    # A worker's own queue holds at most this many jobs per unit of its capacity; past
+    # it, a job goes to the shared queue rather than wait behind the holder's backlog.
+    prefix_max_queued_per_slot: float
     policy: Literal["tree", "profile"]
 
 

@@ -25,7 +25,7 @@ import redis
 from celery import Celery
 
 from dispatcher import connection, settings
-from dispatcher.celery_app import QUEUE_PREFIX
+from dispatcher.celery_app import QUEUE_PREFIX, priority_queue_names
 from dispatcher.store import keys
 from dispatcher.store.hints import PrefixHints
 
@@ -239,8 +239,7 @@ def sweep_orphans(client: redis.Redis) -> int:
         shared = own_queue.rsplit(".", 1)[0] if own_queue.endswith(f".{worker}") else None
         if shared is None:
             continue
-        for pri in priorities:
-            src, dest = (own_queue, shared) if pri == 0 else (f"{own_queue}:{pri}", f"{shared}:{pri}")
+        for src, dest in zip(priority_queue_names(own_queue, priorities), priority_queue_names(shared, priorities)):
             n = client.eval(_MOVE, 2, src, dest, f'"routing_key": "{own_queue}"', f'"routing_key": "{shared}"')
             if n:
                 log.warning("worker %s is gone: moved %d job(s) from its own queue to %s", worker, n, dest)

@@ -98,10 +98,14 @@ def run_worker(
     concurrency = concurrency or engine.capacity
 
     queues = [queue_for(backend)]
+    own_queue = None
     if connection.is_redis_broker(app.conf.broker_url):
-        # its own queue, for prefix-affinity sends (swept to the shared one if it dies); with
-        # RabbitMQ a durable queue per worker would outlive it, so jobs use the shared queue
-        queues.append(own_queue_for(backend, worker_id))
+        # Its own queue, for prefix-affinity sends (swept to the shared one if it dies), read
+        # first at each priority: a job sent here for its prefix must not wait behind the
+        # whole shared queue. With RabbitMQ a durable queue per worker would outlive it,
+        # so jobs use the shared queue.
+        own_queue = own_queue_for(backend, worker_id)
+        queues.insert(0, own_queue)
     # Flower and `celery inspect` show node names: say the backend and hardware there too.
     nodename = f"{worker_id}@{backend}-{hw.kind}.{socket.gethostname()}"
     worker_metrics = metrics.WorkerMetrics(backend, worker_id)
@@ -125,8 +129,8 @@ def run_worker(
         status="starting",
         metrics_port=own_port,
     )
-    if len(queues) > 1:
-        client.hset(keys.WORKER_QUEUES, worker_id, queues[1])  # swept to the shared queue if this worker dies
+    if own_queue is not None:
+        client.hset(keys.WORKER_QUEUES, worker_id, own_queue)  # swept to the shared queue if this worker dies
     hints = PrefixHints(client, cfg.prefix.hint_ttl_s, cfg.prefix.max_worker_blocks)
     hints.drop_worker(worker_id)  # a restarted worker holds no KV state, whatever hints said
     reaper.recover_own(client, app, worker_id)  # a previous process with this id died holding jobs

@@ -329,3 +329,18 @@ def apply_affinity(
             check="prefix affinity", answer="shared queue", detail=f"{why} (needs {policy.prefix_min_blocks})"
         )
     return sel.model_copy(update={**update, "path": [*sel.path, step]})
+
+
+def cap_affinity(sel: Selection, queued: int, capacity: int, policy: DecisionPolicy) -> Selection:
+    """A job sent to a holder's own queue goes to the shared queue instead when that
+    queue already holds ``prefix_max_queued_per_slot`` jobs per slot of the holder: the
+    prefix saves prefill, not the wait behind a backlog. ``queued``: jobs in the own queue."""
+    if sel.affinity_worker is None or queued < policy.prefix_max_queued_per_slot * max(capacity, 1):
+        return sel
+    step = PathStep(
+        check="prefix affinity",
+        answer="shared queue",
+        detail=f"{sel.affinity_worker}'s own queue holds {queued} job(s), its cap for {capacity} slot(s)",
+    )
+    shared = sel.queue.rsplit(".", 1)[0]
+    return sel.model_copy(update={"queue": shared, "affinity_worker": None, "path": [*sel.path, step]})

@@ -9,7 +9,7 @@ import pytest
 
 from dispatcher.fleet import FleetView, HardwareInfo, WorkerInfo
 from dispatcher.jobs import PathStep, Selection
-from dispatcher.routing.decision import apply_affinity
+from dispatcher.routing.decision import apply_affinity, cap_affinity
 from dispatcher.routing.prefix import chain
 from dispatcher.settings import fleet_config
 
@@ -146,3 +146,15 @@ def test_a_missing_tokenizer_is_looked_for_again_later_and_a_found_one_is_kept()
     found[0] = tok = object()  # the folder has been prepared meanwhile
     assert hasher.tokenizer(model) is tok and hasher.tokenizer(model) is tok
     assert len(calls) == 2  # found: kept, never looked for again
+
+
+def test_a_full_own_queue_sends_the_job_to_the_shared_queue_instead():
+    fleet = FleetView(workers=[worker("a", in_flight=4), worker("b")])
+    sel = apply_affinity(SEL, HASHES, {"a": 30}, fleet, POLICY)
+    capacity = fleet.workers[0].capacity
+    cap = int(POLICY.prefix_max_queued_per_slot * capacity)
+    assert cap_affinity(sel, cap - 1, capacity, POLICY) == sel  # room left: stays with the holder
+    full = cap_affinity(sel, cap, capacity, POLICY)
+    assert full.queue == "ib.llamacpp" and full.affinity_worker is None and full.prefix_hashes == HASHES
+    assert full.path[-1].answer == "shared queue" and f"holds {cap} job(s)" in full.path[-1].detail
+    assert cap_affinity(SEL, 10_000, capacity, POLICY) == SEL  # not an affinity send: untouched
