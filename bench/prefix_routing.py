@@ -109,16 +109,17 @@ def run_arm(url: str, env: dict[str, str], affinity: bool, args: argparse.Namesp
             w.wait_ready(timeout=300)
         with Client(url) as client:
             if not affinity:
-                client.prefix = None  # the shared queue only
+                client.hints = None  # the shared queue only
             lookup_ms: list[float] = []
             results = []
             if affinity:  # load the tokenizer once, before anything is timed
-                client.prefix[0].hashes(client._parse(chat(0, "warm-up", 1), {}), client.registry.get(MODEL))
+                client.tokens.hashes(client._parse(chat(0, "warm-up", 1), {}), client.registry.get(MODEL))
             t0 = time.perf_counter()
             for k in range(args.questions):
                 jobs = [chat(i, QUESTIONS[k % len(QUESTIONS)], args.max_tokens) for i in range(args.prompts)]
                 if affinity:  # the lookup's cost, measured on its own (the submit does the same)
-                    hasher, hints = client.prefix
+                    hasher, hints = client.tokens, client.hints
+                    assert hints is not None
                     for j in jobs:
                         parsed = client._parse(j, {})
                         t = time.perf_counter()

@@ -40,6 +40,7 @@ from dispatcher.jobs import (
 )
 from dispatcher.registry import ModelRegistry, load_backends
 from dispatcher.routing import profiles
+from dispatcher.routing.context import check_context, might_overflow, serving_window
 from dispatcher.routing.decision import apply_affinity, cap_affinity, decide
 from dispatcher.routing.prefix import PrefixHasher
 from dispatcher.store.hints import PrefixHints
@@ -106,17 +107,19 @@ class Client:
         self.own_queues = connection.is_redis_broker(self.app.conf.broker_url)
         self.store = JobStore(self.redis, ttl_s=cfg.celery.result_expires_s)
         self.fleet_cache_s = cfg.client.fleet_cache_s
-        self.prefix: tuple[PrefixHasher, PrefixHints] | None = None
-        if cfg.prefix.enabled:
-            hasher = PrefixHasher(cfg.prefix.block_tokens, cfg.prefix.max_blocks)
-            self.prefix = (hasher, PrefixHints(self.redis, cfg.prefix.hint_ttl_s, cfg.prefix.max_worker_blocks))
+        # The model's tokenizer counts prompts at submit (context overflow) and hashes their
+        # blocks (prefix affinity): one per client, each model's loaded once.
+        self.tokens = PrefixHasher(cfg.prefix.block_tokens, cfg.prefix.max_blocks)
+        self.hints = (
+            PrefixHints(self.redis, cfg.prefix.hint_ttl_s, cfg.prefix.max_worker_blocks) if cfg.prefix.enabled else None
+        )
         self._fleet: tuple[float, FleetView] | None = None
         self.profile = profiles.load() if self.policy.policy == "profile" else None
 
     @cached_property
     def batches(self) -> Batches:
         """Offline batch jobs (OpenAI Batch JSONL): create, retrieve, list, cancel, results."""
-        return Batches(self.redis, self.registry, self.store)
+        return Batches(self.redis, self.registry, self.store, self.tokens)
 
     # ------------------------------------------------------------- deciding
 
@@ -147,11 +150,15 @@ class Client:
         holding the longest run of the prompt's leading blocks: one Redis round trip."""
         model = self.registry.get(job.model)
         sel = decide(job, model, fleet, self.policy, self.backends, self.profile)
-        if self.prefix is None or not self.own_queues or sel.backend not in self.policy.prefix_affinity_backends:
+        window = serving_window(model, sel.config)
+        affinity = self.hints is not None and self.own_queues and sel.backend in self.policy.prefix_affinity_backends
+        ids = self.tokens.prompt_ids(job, model) if affinity or might_overflow(job, window) else None
+        if ids is not None:  # refused here, not after a trip through a queue to a worker
+            check_context(job, len(ids), window)
+        if not affinity or self.hints is None:
             return sel
-        hasher, hints = self.prefix
-        hashes = hasher.hashes(job, model, self.backends[sel.backend].prefix_block_tokens)
-        sel = apply_affinity(sel, hashes, hints.lookup(hashes), fleet, self.policy)
+        hashes = self.tokens.hashes(job, model, self.backends[sel.backend].prefix_block_tokens, ids=ids)
+        sel = apply_affinity(sel, hashes, self.hints.lookup(hashes), fleet, self.policy)
         if sel.affinity_worker is None:
             return sel
         holder = next((w for w in fleet.workers if w.worker_id == sel.affinity_worker), None)
@@ -207,11 +214,11 @@ class Client:
             raise  # resume: the records stay unmarked, so the next feed sends them
         if resume:
             self.store.mark_sent([j.id for j, _ in todo])
-        if self.prefix is not None and any(sel.affinity_worker for _, sel in todo):
+        if self.hints is not None and any(sel.affinity_worker for _, sel in todo):
             pipe = self.redis.pipeline(transaction=False)
             for _, sel in todo:
                 if sel.affinity_worker:  # sent to that worker: it will hold these blocks
-                    self.prefix[1].record(sel.affinity_worker, sel.prefix_hashes, client=pipe)
+                    self.hints.record(sel.affinity_worker, sel.prefix_hashes, client=pipe)
             pipe.execute()
 
     def _enqueue(self, job: GenerationJob, sel: Selection, producer: Any = None) -> None:

@@ -28,11 +28,13 @@ import redis
 from pydantic import BaseModel, Field
 
 from dispatcher import settings
-from dispatcher.batch.format import LineError, parse_line
+from dispatcher.batch.format import LineError, ParsedLine, parse_line
 from dispatcher.batch.input import LineProblem, NotJsonLinesError, read_lines
 from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, error_record, line_job_id
-from dispatcher.jobs import JobError, Priority
+from dispatcher.jobs import ContextOverflowError, JobError, Priority
 from dispatcher.registry import ModelRegistry
+from dispatcher.routing.context import check_context, might_overflow, serving_window
+from dispatcher.routing.prefix import PrefixHasher
 from dispatcher.store.batchstore import FINAL_STATUSES, BatchStore, staged_entry
 from dispatcher.store.jobstore import JobStore
 
@@ -171,9 +173,12 @@ def _input_lines(source: InputSource, max_line_bytes: int) -> tuple[str | None, 
 class Batches:
     """``client.batches``: create, retrieve, list, cancel, results; shaped like the OpenAI SDK's."""
 
-    def __init__(self, client: redis.Redis, registry: ModelRegistry, jobs: JobStore) -> None:
+    def __init__(
+        self, client: redis.Redis, registry: ModelRegistry, jobs: JobStore, tokens: PrefixHasher | None = None
+    ) -> None:
         self.registry = registry
         self.jobs = jobs
+        self.tokens = tokens  # counts each line's prompt: context overflow is that line's error at submit
         self.store = BatchStore(client)
         self.cfg = settings.fleet_config().batch
 
@@ -274,38 +279,65 @@ class Batches:
         the first error if no line was valid)."""
         chunk = self.cfg.validate_chunk
         seen: set[str] = set()
-        entries: list[str] = []
+        pending: list[ParsedLine] = []  # valid so far: counted against the context window at staging
         errors: list[tuple[int, dict]] = []
         total = valid = 0
         first_error: LineError | None = None
         line_no = 0
+
+        def refuse(error: LineError) -> None:
+            nonlocal first_error
+            first_error = first_error or error
+            record = error_record(error.custom_id, error.code, error.message, line_job_id(batch_id, error.line))
+            errors.append((error.line, record))
+
+        def stage() -> str:
+            nonlocal pending, errors, valid
+            for error in self._overflows(pending):
+                refuse(error)
+            refused = {line for line, _ in errors}
+            entries = [staged_entry(p.line, p.payload) for p in pending if p.line not in refused]
+            valid += len(entries)
+            status = self.store.stage(batch_id, entries, errors, line_no, purge_at)
+            pending, errors = [], []
+            if progress:
+                progress(line_no)
+            return status
+
         for line_no, raw in enumerate(lines, 1):
             parsed = parse_line(line_no, raw, self.registry, defaults, seen, endpoint)
             if parsed is None:
                 continue
             total += 1
             if isinstance(parsed, LineError):
-                first_error = first_error or parsed
-                errors.append(
-                    (
-                        parsed.line,
-                        error_record(parsed.custom_id, parsed.code, parsed.message, line_job_id(batch_id, parsed.line)),
-                    )
-                )
+                refuse(parsed)
             else:
-                valid += 1
-                entries.append(staged_entry(parsed.line, parsed.payload))
-            if len(entries) + len(errors) >= chunk:
-                status = self.store.stage(batch_id, entries, errors, line_no, purge_at)
-                entries, errors = [], []
-                if progress:
-                    progress(line_no)
-                if status == "cancelling":
-                    break  # cancelled while validating: the lines read so far are the batch
-        self.store.stage(batch_id, entries, errors, line_no, purge_at)
-        if progress:
-            progress(line_no)
+                pending.append(parsed)
+            if len(pending) + len(errors) >= chunk and stage() == "cancelling":
+                break  # cancelled while validating: the lines read so far are the batch
+        stage()
         return total, (first_error if valid == 0 else None)
+
+    def _overflows(self, parsed: list[ParsedLine]) -> list[LineError]:
+        """The lines whose prompt and max_tokens do not fit in their model's context window,
+        counted with the model's tokenizer (a batch per model), as their errors."""
+        if self.tokens is None or not parsed:
+            return []
+        errors = []
+        by_model: dict[str, list[ParsedLine]] = {}
+        for p in parsed:
+            by_model.setdefault(p.job.model, []).append(p)
+        for name, candidates in by_model.items():
+            model = self.registry.get(name)
+            window = serving_window(model)
+            lines = [p for p in candidates if might_overflow(p.job, window)]
+            counts = self.tokens.count_many([p.job for p in lines], model) if lines else None
+            for p, n in zip(lines, counts or []):
+                try:
+                    check_context(p.job, n, window)
+                except ContextOverflowError as exc:
+                    errors.append(LineError(p.line, p.custom_id, exc.code, f"line {p.line}: {exc.message}"))
+        return errors
 
     # ------------------------------------------------------------- read
 

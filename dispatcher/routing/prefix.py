@@ -69,6 +69,8 @@ class PromptTokenizer:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.no_truncation()  # counts are for the context check: never cut short
+        self.tokenizer.no_padding()
         cfg = json.loads((folder / "tokenizer_config.json").read_text())
         template = cfg.get("chat_template")
         if template is None and (folder / "chat_template.jinja").exists():
@@ -85,6 +87,10 @@ class PromptTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def count_batch(self, texts: list[str], add_special_tokens: bool) -> list[int]:
+        """Token counts of many texts at once (the Rust tokenizer works them in parallel)."""
+        return [len(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
 
 
 def _raise(message: str) -> None:
@@ -130,14 +136,40 @@ class PrefixHasher:
             found = self._tokenizers[key] = (self.tokenizer_for(model), now)
         return found[0]
 
-    def hashes(self, job: GenerationJob, model: ModelSpec, block_size: int | None = None) -> list[str]:
-        """``block_size``: the backend's own KV block size, if it differs from the default."""
-        block = block_size or self.block_size
+    def prompt_ids(self, job: GenerationJob, model: ModelSpec) -> list[int] | None:
+        """The prompt's token ids as the engines see them (chat template included), with the
+        model's own tokenizer; None without one on this host."""
         tok = self.tokenizer(model)
-        text = render(job, tok)
-        root = f"{model_identity(model)}/{block}"
         if tok is None:
-            return chain(text.encode(), block * CHARS_PER_BLOCK_FALLBACK, root + "#chars", self.max_blocks)
+            return None
         add_special = job.messages is None  # a chat template already holds its special tokens
-        ids = tok.encode(text, add_special_tokens=add_special)[: block * self.max_blocks]
-        return chain(list(ids), block, root, self.max_blocks)
+        return list(tok.encode(render(job, tok), add_special_tokens=add_special))
+
+    def count_many(self, jobs: list[GenerationJob], model: ModelSpec) -> list[int] | None:
+        """``prompt_ids``' lengths for many jobs of one model, counted in one batch; None
+        without a tokenizer."""
+        tok = self.tokenizer(model)
+        if tok is None:
+            return None
+        counts = [0] * len(jobs)
+        for plain in (True, False):  # a chat template already holds its special tokens
+            picked = [i for i, job in enumerate(jobs) if (job.messages is None) == plain]
+            if picked:
+                texts = [render(jobs[i], tok) for i in picked]
+                for i, n in zip(picked, tok.count_batch(texts, add_special_tokens=plain)):
+                    counts[i] = n
+        return counts
+
+    def hashes(
+        self, job: GenerationJob, model: ModelSpec, block_size: int | None = None, ids: list[int] | None = None
+    ) -> list[str]:
+        """``block_size``: the backend's own KV block size, if it differs from the default;
+        ``ids``: the prompt's ids if the caller has them already (``prompt_ids``)."""
+        block = block_size or self.block_size
+        root = f"{model_identity(model)}/{block}"
+        if ids is None:
+            ids = self.prompt_ids(job, model)
+        if ids is None:
+            text = render(job, None)
+            return chain(text.encode(), block * CHARS_PER_BLOCK_FALLBACK, root + "#chars", self.max_blocks)
+        return chain(ids[: block * self.max_blocks], block, root, self.max_blocks)

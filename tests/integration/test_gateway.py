@@ -370,12 +370,14 @@ def test_files_live_in_any_fsspec_store(redis_url):
 
     import redis
 
+    from dispatcher.batch.input import read_lines
     from gateway.files import FileStore, FileTooLarge
 
     store = FileStore(redis.Redis.from_url(redis_url), "memory://ib-test-files", max_bytes=64)
     record = store.save("tenant-a", "../../etc/passwd", "batch", io.BytesIO(b'{"a": 1}\n{"b": 2}\n'))
     assert record["filename"] == "passwd" and record["path"].startswith("/ib-test-files/tenant-a/")
-    assert list(store.lines(store.get("tenant-a", record["id"]))) == [b'{"a": 1}\n', b'{"b": 2}\n']
+    with store.open(store.get("tenant-a", record["id"])) as fh:  # read as a batch's input is
+        assert list(read_lines(fh, 1 << 20)) == [b'{"a": 1}\n', b'{"b": 2}\n']
     with pytest.raises(Exception, match="No such File"):
         store.get("tenant-b", record["id"])
     with pytest.raises(FileTooLarge):

@@ -23,7 +23,7 @@ def test_first_outcome_wins_and_later_deliveries_see_it(store):
     job = uuid.uuid4().hex
     assert store.claim([(job, {"model": "m"}), (job, {"model": "m"})]) == [True, False]
     assert store.claim([(job, {"model": "m"})]) == [False]
-    assert store.begin(job, "w1") == (1, False, None)
+    assert store.begin(job, "w1") == (1, False, None, None)
     assert store.finish(job, "completed", {"text": "first"})
     assert not store.finish(job, "completed", {"text": "second"})
     assert store.begin(job, "w2").final == ("completed", {"text": "first"})
@@ -34,7 +34,22 @@ def test_begin_sees_a_cancel_that_came_while_queued(store):
     job = uuid.uuid4().hex
     store.claim([(job, {})])
     store.request_cancel(job)
-    assert store.begin(job, "w1") == (1, True, None)
+    assert store.begin(job, "w1") == (1, True, None, None)
+
+
+def test_a_second_delivery_of_a_job_running_on_a_live_worker_is_a_duplicate(store):
+    from dispatcher.store import keys
+
+    job = uuid.uuid4().hex
+    store.claim([(job, {})])
+    assert store.begin(job, "w1").attempt == 1
+    assert store.begin(job, "w2").attempt == 2  # w1 has no heartbeat: it is gone, w2 takes over
+    store.r.set(keys.worker("w2"), "{}", px=5000)
+    assert store.begin(job, "w3") == (0, False, None, "w2")  # w2 lives: a duplicate, nothing changes
+    assert store.get(job)["attempts"] == "2" and store.get(job)["worker"] == "w2"
+    assert store.begin(job, "w2", running_here=True).running_on == "w2"  # its own process runs it
+    assert store.begin(job, "w2").attempt == 3  # a restarted w2 (same id, not running it) runs it again
+    store.r.delete(keys.worker("w2"))
 
 
 def test_released_records_can_be_claimed_again(store):

@@ -91,3 +91,16 @@ def test_lines_people_produce_get_an_error_naming_the_cause_not_an_exception(reg
 def test_a_valid_line_without_its_final_newline_still_parses(registry):
     p = parse_line(3, LINES[0].encode(), registry, {}, set())
     assert isinstance(p, ParsedLine) and json.loads(p.payload)["prompt"] == "café 0"
+
+
+def test_short_jobs_are_cleared_by_their_bytes_without_a_tokenizer():
+    from dispatcher.jobs import GenerationJob
+    from dispatcher.routing.context import might_overflow
+
+    short = GenerationJob(model=MODEL, prompt="x" * 1000, sampling={"max_tokens": 16})
+    assert not might_overflow(short, 2048)
+    assert might_overflow(
+        short.model_copy(update={"sampling": short.sampling.model_copy(update={"max_tokens": 1100})}), 2048
+    )
+    chat = GenerationJob(model=MODEL, messages=[{"role": "user", "content": "é" * 300}], sampling={"max_tokens": 16})
+    assert not might_overflow(chat, 2048) and might_overflow(chat, 1024 + 256 + 600 + 16 - 1)
