@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-profiles clean
+.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-chaos bench-profiles clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ bench-speculative: install
 # The HTTP gateway vs the Python client vs llama.cpp's own llama-server (built once, cached).
 bench-gateway: install
 	$(PY) -m bench.gateway
+
+# Faults: worker kills, a broker restart and a 30 s outage under a batch and interactive
+# jobs: lost / doubled / stuck / recomputed, Redis before and after. `--soak` for the soak.
+bench-chaos: install
+	$(PY) -m bench.chaos
 
 # The seed's profile table: each CPU backend started here in turn, measured, written to
 # config/profiles.json and docs/BENCHMARKS.md (GPU rows measured elsewhere are kept).

@@ -200,6 +200,39 @@ class LlamaCppServer:
             self.proc.wait(timeout=30)
 
 
+class VllmOpenAIServer:
+    """vLLM's own OpenAI-compatible server (``vllm.entrypoints.openai.api_server``) on
+    loopback, on the CPU: a second real server for the TGI backend, one that refuses a
+    request it cannot run with an HTTP 4xx before streaming, as TGI does (llama-cpp-python's
+    server reports it inside the stream instead)."""
+
+    def __init__(
+        self, model_dir: Path, served_name: str, max_model_len: int = 512, log_dir: Path | None = None
+    ) -> None:
+        self.model_dir, self.served_name, self.max_model_len = model_dir, served_name, max_model_len
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = (log_dir or settings.data_dir() / "logs") / f"vllm-server-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300) -> VllmOpenAIServer:
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CACHE_ROOT": str(settings.data_dir() / "vllm-cache"),
+            "HF_HUB_OFFLINE": "1",
+        }
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir)]
+        args += ["--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port)]
+        args += ["--max-model-len", str(self.max_model_len), "--dtype", "float32"]
+        self.proc = spawn_logged(args, self.log_path, env=env, start_new_session=True)
+        wait_http(self.proc, f"{self.url}/v1/models", "vllm's OpenAI server", self.log_path, timeout)
+        return self
+
+    def kill(self) -> None:
+        terminate(self.proc)
+
+
 class GatewayProcess:
     """`ib serve` as a subprocess on loopback (the tests, the demo, the benchmark, `ib up --serve`)."""
 

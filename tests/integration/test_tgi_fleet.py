@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import ARTIFACTS, start_worker
-from dispatcher.jobs import ContextOverflowError, EngineError, JobError
+from dispatcher.jobs import ContextOverflowError, EngineError
 from ops.localfleet import LlamaCppServer
 
 pytestmark = pytest.mark.integration
@@ -78,11 +78,14 @@ def test_a_server_that_goes_away_mid_job_is_retried_and_nothing_is_lost(client, 
 
 
 def test_a_job_the_server_cannot_run_fails_typed_at_once_and_the_worker_keeps_serving(client, tgi_worker):
-    too_long = client.submit(tgi_job("lorem ipsum dolor sit amet " * 400, 8))  # > the server's 1024-token context
+    # Fits the model's 2048-token window (the submit-time check lets it through) but not the
+    # server's 1024-token context. llama-cpp-python's server reports that inside the stream,
+    # after answering 200: the worker fails the job at once, naming the server.
+    too_long = client.submit(tgi_job("lorem ipsum dolor sit amet " * 110, 8))  # about 1100 tokens
     t0 = time.monotonic()
-    with pytest.raises(JobError, match="127.0.0.1") as err:  # names the server; not retried
+    with pytest.raises(EngineError, match="127.0.0.1") as err:  # not retried
         too_long.result(timeout=120)
-    assert isinstance(err.value, (EngineError, ContextOverflowError)) and time.monotonic() - t0 < 30
+    assert "ended the stream without finishing the job" in str(err.value) and time.monotonic() - t0 < 30
     assert client.submit(tgi_job("Say hello.", 4)).result(timeout=120).status == "completed"
 
 
@@ -91,3 +94,28 @@ def test_streaming_passes_the_servers_deltas_through(client, tgi_worker):
     deltas = list(handle.stream(timeout=120))
     result = handle.result(timeout=60)
     assert len(deltas) > 3 and "".join(deltas) == result.text
+
+
+@pytest.fixture(scope="module")
+def refusing_worker(redis_url, hf_dir):
+    """A TGI worker in front of vLLM's own OpenAI server (512-token context), which refuses
+    an over-long request with HTTP 400 before streaming, as TGI itself does (422)."""
+    from ops.localfleet import VllmOpenAIServer
+
+    server = VllmOpenAIServer(hf_dir, MODEL, max_model_len=512, log_dir=ARTIFACTS / "logs").start()
+    worker = start_worker(redis_url, "tgi", extra_args=[f"--endpoint={server.url}"])
+    yield worker
+    worker.stop()
+    server.kill()
+
+
+def test_a_servers_4xx_refusal_is_a_typed_error_at_once_not_a_retry(client, tgi_worker, refusing_worker):
+    tgi_worker.stop()  # jobs for the tgi backend go to the worker in front of vLLM's server
+    job = {**tgi_job("lorem ipsum dolor sit amet " * 60, 8)}  # about 600 tokens: over 512, under 2048
+    t0 = time.monotonic()
+    with pytest.raises(ContextOverflowError, match=r"refused the job \(HTTP 400\)") as err:
+        client.submit(job).result(timeout=120)
+    assert err.value.details["status_code"] == 400 and "maximum context length" in str(err.value)
+    assert time.monotonic() - t0 < 30  # the 4xx branch: no retries
+    ok = client.submit(tgi_job("Say hello.", 4)).result(timeout=120)
+    assert ok.status == "completed" and ok.worker == refusing_worker.worker_id

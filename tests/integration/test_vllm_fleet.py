@@ -66,6 +66,14 @@ def test_sixteen_jobs_share_the_engine_batch(client, vllm_worker):
 
 
 def test_a_cancelled_job_is_aborted_in_the_engine_and_the_others_finish(client, vllm_worker):
+    def generated() -> int:  # every token the engine made, as its stat logger counted them
+        return engine_stats(client, vllm_worker.worker_id).get("generated_tokens", 0)
+
+    def settled() -> int:  # the count once the next heartbeats have carried it
+        time.sleep(2.5)
+        return generated()
+
+    before = settled()
     long = client.submit(vllm_job("Write a very long story about a lighthouse keeper.", 1500))
     short = client.submit_many(vllm_job(f"Name a fruit, number {i}.", 16) for i in range(3))
     deadline = time.monotonic() + 60
@@ -75,7 +83,14 @@ def test_a_cancelled_job_is_aborted_in_the_engine_and_the_others_finish(client, 
     long.cancel()
     r = long.result(timeout=60)
     assert r.status == "cancelled" and r.finish_reason == "cancelled" and 0 < r.usage.completion_tokens < 1500
-    assert all(h.result(timeout=120).status == "completed" for h in short)
+    done = [h.result(timeout=120) for h in short]
+    assert all(d.status == "completed" for d in done)
+    # The engine itself stopped: it made the tokens delivered (and a step or two after the
+    # cancel), not the 1500 the long job asked for, and makes none now.
+    after = settled()
+    delivered = r.usage.completion_tokens + sum(d.usage.completion_tokens for d in done)
+    assert delivered <= after - before <= delivered + 16, (before, after, delivered)
+    assert settled() == after
 
 
 def test_streaming_sends_the_answer_as_it_is_generated(client, vllm_worker):

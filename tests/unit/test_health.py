@@ -164,4 +164,15 @@ def test_the_reader_uses_names_that_nvidia_ml_py_has():
     assert [n for n in used if not hasattr(pynvml, n)] == []
     from workers.hardware import NvmlHealthReader
 
-    assert NvmlHealthReader.open() is None  # no driver on this machine: no GPU facts, no error
+    try:
+        pynvml.nvmlInit()
+        boards = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError:  # no driver on this host
+        boards = 0
+    reader = NvmlHealthReader.open()
+    if boards == 0:
+        assert reader is None  # no GPU facts, and no error
+    else:  # a GPU host: the real driver answers the same calls the fake does
+        assert reader is not None and len(reader.handles) == boards
+        reader.close()

@@ -40,13 +40,15 @@ log = logging.getLogger(__name__)
 
 class RunningStats:
     """A vLLM stat logger recording the most requests its scheduler ever ran at once
-    (the engine's own evidence that jobs share batches) and prefix cache hits. One per
-    engine, handed to vLLM through a factory (vLLM calls it with its config and index)."""
+    (the engine's own evidence that jobs share batches), prefix cache hits, and every
+    token it generated (the evidence that an aborted request stopped). One per engine,
+    handed to vLLM through a factory (vLLM calls it with its config and index)."""
 
     def __init__(self) -> None:
         self.max_running = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.generated_tokens = 0
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> RunningStats:
         return self
@@ -54,6 +56,8 @@ class RunningStats:
     def record(
         self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
     ) -> None:
+        if iteration_stats is not None:
+            self.generated_tokens += iteration_stats.num_generation_tokens
         if scheduler_stats is None:
             return
         self.max_running = max(self.max_running, scheduler_stats.num_running_reqs)
@@ -200,6 +204,7 @@ class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
             "max_running": stats.max_running,
             "prefix_queries": stats.prefix_queries,
             "prefix_hits": stats.prefix_hits,
+            "generated_tokens": stats.generated_tokens,
         }
 
     def submit(self, request: EngineRequest) -> None:

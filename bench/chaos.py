@@ -1,0 +1,328 @@
+"""Chaos: a batch and interactive jobs through worker kills and broker outages, counting
+what was lost, doubled, stuck or run twice, and what stayed in Redis afterwards.
+
+    python -m bench.chaos [--lines 500] [--interactive 200] [--max-tokens 8] [--outage-s 30]
+                          [--kills 2] [--seed 7] [--threads 1]
+    python -m bench.chaos --soak [--soak-jobs 10000] [--restart-every 1000]
+
+The run (defaults): two llama.cpp workers on the embedded broker (append-only, as `ib up`
+starts it), the heartbeat TTL and everything else at their defaults. A batch of
+``--lines`` lines is submitted, and ``--interactive`` jobs arrive one by one while it
+runs. At moments drawn from ``--seed`` (within set stretches of the batch's progress): a
+worker's main process is SIGKILLed ``--kills`` times (a replacement starts at once), the
+broker is restarted once, and it is held down for ``--outage-s`` once (longer than the
+15 s heartbeat TTL). Printed, and saved as JSON under bench/results:
+
+- lines ok / failed / lost (no record) / doubled (two records, or two outcomes);
+  interactive jobs ok / lost (no answer); jobs stuck (not final at the end);
+- engine runs per job (``attempts``); recomputed = runs beyond the first of jobs that no
+  killed worker held when it died (those, and only those, must run again);
+- deliveries of jobs that had already finished (answered from the record: no engine work);
+- seconds from the last fault to the batch's end;
+- Redis keys and ``used_memory`` before the jobs and after their results expired
+  (``celery.result_expires_s`` and the batch retention are shortened for the run).
+
+The soak: ``--soak-jobs`` one-token jobs through two workers, one of them restarted
+(SIGTERM, then a new process) every ``--restart-every`` jobs; Redis keys and memory are
+sampled at each restart: bounded means flat, not growing with the jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from bench import report
+from dispatcher.batch.records import line_job_id
+from dispatcher.client import Client
+from dispatcher.jobs import JobError
+from dispatcher.store import keys
+from ops.broker import EmbeddedBroker
+from ops.localfleet import WorkerProcess, free_port
+
+console = Console()
+MODEL = "smollm2-135m"
+RESULT_TTL_S = 60  # results expire this long after a job ends (24 h by default)
+TOPICS = ["the sea", "a cat", "winter", "bread", "a clock", "the moon", "a river", "chess", "rain", "a lamp"]
+
+
+def redis_footprint(r: redis.Redis) -> dict[str, Any]:
+    """Keys by kind (the part of the name before its id) and used_memory."""
+    kinds: Counter[str] = Counter()
+    for key in r.scan_iter(count=1000):
+        name = key.decode(errors="replace")
+        kinds[re.sub(r"[:.][0-9a-f]{16,}.*$|:batch_[0-9a-f]+.*$|-[0-9a-f]{8}$", ":<id>", name)] += 1
+    used = r.info("memory")["used_memory"]
+    return {"keys": sum(kinds.values()), "by_kind": dict(kinds.most_common()), "used_memory": used}
+
+
+class Fleet:
+    """The workers of the run, replaced as they are killed; what each held when it died."""
+
+    def __init__(self, url: str, env: dict[str, str], threads: int, log_dir: Path) -> None:
+        self.url, self.env, self.threads, self.log_dir = url, env, threads, log_dir
+        self.workers: list[WorkerProcess] = []
+        self.ever: list[WorkerProcess] = []
+        self.held_at_death: set[str] = set()
+
+    def start(self) -> WorkerProcess:
+        w = WorkerProcess("llamacpp", self.url, extra_args=[f"--threads={self.threads}"], env=self.env,
+                          log_dir=self.log_dir).start()  # fmt: skip
+        self.workers.append(w)
+        self.ever.append(w)
+        return w
+
+    def kill_one(self, r: redis.Redis, rng: random.Random) -> str:
+        victim = rng.choice(self.workers)
+        victim.kill()
+        # what it held: its in-flight record survives it until a live worker reaps it
+        self.held_at_death |= {k.decode() for k in r.hkeys(keys.inflight(victim.worker_id))}
+        self.workers.remove(victim)
+        self.start()
+        return victim.worker_id
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    def log_count(self, pattern: str) -> int:
+        return sum(len(re.findall(pattern, w.log_path.read_text(errors="replace"))) for w in self.ever)
+
+
+def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    port, data = free_port(), tmp / "valkey"
+    broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
+    env = {"IB_CELERY_RESULT_EXPIRES_S": str(RESULT_TTL_S), "IB_BATCH_RETENTION_S": "0"}
+    fleet = Fleet(broker.url, env, args.threads, tmp / "logs")
+    faults: list[tuple[float, str]] = []
+    interactive: list[str] = []
+    answers: dict[str, str] = {}
+    try:
+        for _ in range(2):
+            fleet.start()
+        for w in fleet.workers:
+            w.wait_ready(timeout=300)
+        with Client(broker.url, resilient=True) as client:
+            before = redis_footprint(client.redis)
+            src = tmp / "requests.jsonl"
+            with src.open("w") as fh:
+                for i in range(args.lines):
+                    question = f"Write one sentence about {TOPICS[i % len(TOPICS)]} (note {i})."
+                    fh.write(json.dumps({"custom_id": f"line-{i}", "messages": [{"role": "user", "content": question}],
+                                         "max_tokens": args.max_tokens}) + "\n")  # fmt: skip
+            # The window covers the run; its records expire with it (retention 0), so the
+            # "after" footprint can be measured within the run.
+            batch = client.batches.create(src, model=MODEL, completion_window=f"{args.window_s}s")
+            started = time.monotonic()
+
+            def ask() -> None:  # interactive jobs, one by one, while the batch runs
+                for i in range(args.interactive):
+                    try:
+                        messages = [{"role": "user", "content": f"Say hi to {i}."}]
+                        h = client.submit(
+                            model=MODEL, messages=messages, sampling={"max_tokens": 4}, priority="interactive"
+                        )
+                        interactive.append(h.id)
+                    except redis.RedisError:
+                        answers[f"submit-{i}"] = "refused"  # the broker was down at submit: the caller saw an error
+                    time.sleep(args.interactive_every_s)
+
+            asker = threading.Thread(target=ask, daemon=True)
+            asker.start()
+
+            def done() -> float:
+                try:
+                    return client.batches.retrieve(batch.id).done / args.lines
+                except redis.RedisError:
+                    return 0.0
+
+            # Each fault at a moment drawn within its stretch of the batch's progress.
+            plan = [("kill", rng.uniform(0.05, 0.2)), ("kill", rng.uniform(0.25, 0.4))][: args.kills]
+            plan += [("restart", rng.uniform(0.45, 0.55)), ("outage", rng.uniform(0.6, 0.7))]
+            for kind, at in plan:
+                while done() < at:
+                    time.sleep(0.1)
+                t = time.monotonic() - started
+                if kind == "kill":
+                    faults.append((t, f"SIGKILL {fleet.kill_one(client.redis, rng)}"))
+                else:
+                    broker.server.stop()
+                    if kind == "outage":
+                        time.sleep(args.outage_s)
+                    broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
+                    faults.append((t, f"broker {kind}" + (f" {args.outage_s:g} s" if kind == "outage" else "")))
+            last_fault = time.monotonic()
+            final = None
+            while final is None and time.monotonic() - started < args.timeout_s:
+                try:
+                    b = client.batches.retrieve(batch.id)
+                    final = b if b.is_final else None
+                except redis.RedisError:
+                    pass
+                time.sleep(0.5)
+            batch_end = time.monotonic()
+            asker.join(timeout=args.timeout_s)
+            for job_id in interactive:
+                try:
+                    answers[job_id] = client.result(job_id, timeout=120).status
+                except (JobError, TimeoutError, redis.RedisError) as exc:  # a lost job: the count says so
+                    answers[job_id] = f"lost: {type(exc).__name__}"
+
+            records = list(client.batches.results(batch.id))
+            per_line = Counter(r["custom_id"] for r in records)
+            ids = [line_job_id(batch.id, n) for n in range(1, args.lines + 1)] + interactive
+            jobs = {i: client.record(i) for i in ids}
+            attempts = {i: int(j.get("attempts", 0)) for i, j in jobs.items()}
+            recomputed = sum(a - 1 for i, a in attempts.items() if a > 1 and i not in fleet.held_at_death)
+            result = {
+                "faults": [{"at_s": round(t, 1), "what": w} for t, w in faults],
+                "batch": {
+                    "status": final.status if final else "not final",
+                    "ok": sum(1 for r in records if r["error"] is None),
+                    "failed": sum(1 for r in records if r["error"] is not None),
+                    "lost": args.lines - len(per_line),
+                    "doubled": sum(1 for n in per_line.values() if n > 1)
+                    + sum(1 for i in ids[: args.lines] if int(jobs[i].get("completions", 0)) > 1),
+                },
+                "interactive": {
+                    "ok": sum(1 for s in answers.values() if s == "completed"),
+                    "refused_at_submit": sum(1 for s in answers.values() if s == "refused"),
+                    "lost": sum(1 for s in answers.values() if s.startswith("lost")),
+                },
+                "stuck": sum(1 for j in jobs.values() if j and "final" not in j),
+                "engine_runs": sum(attempts.values()),
+                "jobs": len(ids),
+                "held_by_killed_workers": len(fleet.held_at_death),
+                "rerun_held": sum(a - 1 for i, a in attempts.items() if a > 1 and i in fleet.held_at_death),
+                "recomputed": recomputed,
+                "redelivered_finished": fleet.log_count(r"already finished \("),
+                "duplicate_deliveries_waited": fleet.log_count(r"this delivery waits for its outcome"),
+                "workers_reaped_alive": fleet.log_count(r"is gone: redelivered") - args.kills,
+                "last_fault_to_batch_end_s": round(batch_end - last_fault, 1),
+                "redis_before": before,
+            }
+            # After every result and the batch's records have expired.
+            purge_in = final.expires_at + 2 - time.time() if final else 0
+            wait = max(RESULT_TTL_S + 5 - (time.monotonic() - batch_end), purge_in, 0)
+            console.print(f"waiting {wait:.0f} s for results and the batch to expire...")
+            time.sleep(wait)
+            result["redis_after"] = redis_footprint(client.redis)
+            result["live_workers"] = len(fleet.workers)
+            return result
+    finally:
+        fleet.stop()
+        broker.stop()
+
+
+def soak(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    broker = EmbeddedBroker(port=free_port(), data_dir=tmp / "valkey").start(announce=False)
+    env = {"IB_CELERY_RESULT_EXPIRES_S": str(RESULT_TTL_S)}
+    fleet = Fleet(broker.url, env, args.threads, tmp / "logs")
+    samples = []
+    try:
+        for _ in range(2):
+            fleet.start()
+        for w in fleet.workers:
+            w.wait_ready(timeout=300)
+        with Client(broker.url) as client:
+            samples.append({"jobs": 0, **redis_footprint(client.redis)})
+            t0, sent, lost = time.monotonic(), 0, 0
+            while sent < args.soak_jobs:
+                chunk = min(args.restart_every, args.soak_jobs - sent)
+                handles = []
+                for start in range(0, chunk, 100):
+                    jobs = [{"model": MODEL, "prompt": f"Number {sent + start + i}:", "sampling": {"max_tokens": 1},
+                             "backend": "llamacpp"} for i in range(min(100, chunk - start))]  # fmt: skip
+                    handles += client.submit_many(jobs)
+                for h in handles:
+                    try:
+                        h.result(timeout=300)
+                    except (JobError, TimeoutError, redis.RedisError):
+                        lost += 1
+                sent += chunk
+                old = fleet.workers.pop(0)
+                old.stop()  # a restart: SIGTERM, then a new process
+                fleet.start().wait_ready(timeout=300)
+                samples.append({"jobs": sent, "s": round(time.monotonic() - t0, 1), **redis_footprint(client.redis)})
+                s = samples[-1]
+                console.print(f"{sent} jobs: {s['keys']} keys, {s['used_memory'] / 2**20:.1f} MiB")
+        return {"samples": samples, "lost": lost}
+    finally:
+        fleet.stop()
+        broker.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lines", type=int, default=500)
+    p.add_argument("--interactive", type=int, default=200)
+    p.add_argument("--interactive-every-s", type=float, default=0.2)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--kills", type=int, default=2)
+    p.add_argument("--outage-s", type=float, default=30.0)
+    p.add_argument("--window-s", type=int, default=600, help="the batch's completion window (its records expire after)")
+    p.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--timeout-s", type=float, default=1800)
+    p.add_argument("--soak", action="store_true")
+    p.add_argument("--soak-jobs", type=int, default=10_000)
+    p.add_argument("--restart-every", type=int, default=1000)
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ib-chaos-") as d:
+        if args.soak:
+            out = soak(args, Path(d))
+            table = Table(title="soak: Redis while jobs flow (a worker restarted at each row)")
+            for col in ("jobs", "keys", "used_memory MiB"):
+                table.add_column(col, justify="right")
+            for s in out["samples"]:
+                table.add_row(str(s["jobs"]), str(s["keys"]), f"{s['used_memory'] / 2**20:.1f}")
+            console.print(table)
+            console.print(f"lost: {out['lost']}")
+            console.print(f"saved {report.save('chaos-soak', args, **out)}")
+            return
+        out = chaos(args, Path(d))
+    table = Table(title="chaos: two llama.cpp workers, embedded broker")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    b, i = out["batch"], out["interactive"]
+    rows = [
+        ("faults", "; ".join(f"{f['what']} at {f['at_s']} s" for f in out["faults"])),
+        ("batch lines ok / failed / lost / doubled", f"{b['ok']} / {b['failed']} / {b['lost']} / {b['doubled']}"),
+        ("interactive ok / refused at submit / lost", f"{i['ok']} / {i['refused_at_submit']} / {i['lost']}"),
+        ("jobs stuck", str(out["stuck"])),
+        ("engine runs / jobs", f"{out['engine_runs']} / {out['jobs']}"),
+        ("runs again of jobs a killed worker held", f"{out['rerun_held']} (held: {out['held_by_killed_workers']})"),
+        ("recomputed (any other job run twice)", str(out["recomputed"])),
+        ("finished jobs delivered again", str(out["redelivered_finished"])),
+        ("duplicate deliveries that waited", str(out["duplicate_deliveries_waited"])),
+        ("live workers reaped", str(out["workers_reaped_alive"])),
+        ("last fault → batch end", f"{out['last_fault_to_batch_end_s']} s"),
+        ("Redis keys before → after", f"{out['redis_before']['keys']} → {out['redis_after']['keys']}"),
+        (
+            "Redis used_memory before → after",
+            f"{out['redis_before']['used_memory'] / 2**20:.1f} → {out['redis_after']['used_memory'] / 2**20:.1f} MiB",
+        ),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"keys after, by kind: {out['redis_after']['by_kind']}")
+    console.print(f"saved {report.save('chaos', args, **out)}")
+
+
+if __name__ == "__main__":
+    main()
