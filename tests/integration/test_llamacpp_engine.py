@@ -18,6 +18,15 @@ from workers.engines.llamacpp.engine import LlamaCppEngine, check_gguf_file
 pytestmark = pytest.mark.integration
 
 MODEL = "smollm2-135m"
+# Set from measurement (2026-12-01, five runs on this machine kind: 2 cores, the default
+# build). Batched decoding left 7 to 11 of 18 outputs identical over 40 tokens, the widest
+# gap at a difference 0.29 to 0.46 logits; prompt lookup left 6 of 8 identical over 48
+# tokens every run, the widest gap 0.09 logits. The bounds keep a margin for timing (which
+# sequences share a step) and other CPUs' rounding, and still fail on a real bug: a
+# sequence's token several logits behind the top, or most outputs differing.
+NEAR_TIE_LOGITS = 0.75
+BATCHED_MIN_IDENTICAL = 5  # of 18
+SPECULATIVE_MIN_IDENTICAL = 5  # of 8
 # 16+ varied chat prompts of different lengths, so sequences join and leave the batch at
 # different steps.
 PROMPTS = [
@@ -120,7 +129,7 @@ def test_batched_greedy_output_matches_single_stream_up_to_near_ties(engine, reg
         n_threads=engine.threads,
         verbose=False,
     )
-    identical = 0
+    identical, worst = 0, 0.0
     for j, a, b in zip(jobs, alone, together):
         k = first_difference(a, b)
         if k is None:
@@ -130,12 +139,14 @@ def test_batched_greedy_output_matches_single_stream_up_to_near_ties(engine, reg
         reference.eval(engine.encode(j) + a[:k])
         logits = np.asarray(reference.scores[reference.n_tokens - 1])
         behind = logits.max() - logits[[a[k], b[k]]]
-        assert (behind < 0.5).all(), (
+        worst = max(worst, float(behind.max()))
+        assert (behind < NEAR_TIE_LOGITS).all(), (
             f"{j.messages[-1].content!r}: token {k} was no near-tie ({behind} logits behind the top)"
         )
     reference.close()
     print(f"batched vs single stream: {identical}/{len(jobs)} identical over 40 tokens; the rest differ at near-ties")
-    assert identical >= 3
+    print(f"  the widest gap at a difference: {worst:.3f} logits")
+    assert identical >= BATCHED_MIN_IDENTICAL
 
 
 def test_single_stream_matches_llama_cpp_python_high_level_api(engine):
@@ -288,7 +299,7 @@ def test_prompt_lookup_speculation_keeps_greedy_output_up_to_near_ties(engine):
         n_threads=engine.threads,
         verbose=False,
     )
-    identical = 0
+    identical, worst = 0, 0.0
     for j, p, s in zip(jobs, plain, spec):
         k = first_difference(p.token_ids, s.token_ids)
         if k is None and len(p.token_ids) == len(s.token_ids):
@@ -298,8 +309,11 @@ def test_prompt_lookup_speculation_keeps_greedy_output_up_to_near_ties(engine):
         reference.eval(engine.encode(j) + p.token_ids[:k])
         logits = np.asarray(reference.scores[reference.n_tokens - 1])
         behind = logits.max() - logits[[p.token_ids[k], s.token_ids[k]]]
-        assert (behind < 0.5).all(), (
+        worst = max(worst, float(behind.max()))
+        assert (behind < NEAR_TIE_LOGITS).all(), (
             f"{j.messages[-1].content[:40]!r}: token {k} was no near-tie ({behind} logits behind)"
         )
     reference.close()
     print(f"prompt lookup vs plain: {identical}/{len(jobs)} identical over 48 tokens; the rest differ at near-ties")
+    print(f"  the widest gap at a difference: {worst:.3f} logits")
+    assert identical >= SPECULATIVE_MIN_IDENTICAL
