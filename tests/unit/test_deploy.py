@@ -197,3 +197,17 @@ def test_the_gateway_is_deployed_stateless_behind_a_service_with_keys_from_a_sec
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # every replica reads every upload
     service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "gateway")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_rabbitmq_keeps_a_running_jobs_delivery_longer_than_the_job_time_limit():
+    """Acks late: RabbitMQ must not close the channel of a job still running (its
+    consumer_timeout requeues the message, and the job would be delivered again)."""
+    from dispatcher.settings import fleet_config
+
+    conf = (ROOT / "deploy" / "rabbitmq" / "rabbitmq.conf").read_text()
+    timeout_ms = int(re.search(r"^consumer_timeout\s*=\s*(\d+)", conf, re.M).group(1))
+    assert timeout_ms > fleet_config().celery.job_time_limit_s * 1000
+    rabbit = compose()["services"]["rabbitmq"]
+    assert rabbit["profiles"] == ["rabbitmq"]
+    assert any("rabbitmq.conf:/etc/rabbitmq/conf.d/" in v for v in rabbit["volumes"])
+    assert rabbit["ports"] == ["127.0.0.1:5672:5672"]
