@@ -6,6 +6,7 @@ at start) when it answers; else an embedded Valkey server started for the sessio
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -152,6 +153,21 @@ def start_worker_with_artifact(tmp_path: Path, redis_url: str, backend: str, fmt
         text=True,
         timeout=120,
     )
+
+
+@contextlib.contextmanager
+def own_database(redis_url: str, index: int):
+    """A Redis database of its own beside the suite's (emptied before and after), for
+    tests whose messages no worker of the other tests may take, or that count keys."""
+    import redis
+
+    base, _, _ = redis_url.rpartition("/")
+    url = f"{base}/{index}"
+    redis.Redis.from_url(url).flushdb()
+    try:
+        yield url
+    finally:
+        redis.Redis.from_url(url).flushdb()
 
 
 def ib(*args: str, redis_url: str, env: dict[str, str] | None = None):

@@ -12,8 +12,8 @@ import json
 import time
 
 import pytest
-import redis
 
+from conftest import own_database
 from dispatcher.batch.feeder import BatchFeeder
 from dispatcher.batch.records import CHAT_URL, line_job_id
 from dispatcher.client import Client
@@ -26,11 +26,8 @@ MODEL = "smollm2-135m"
 
 @pytest.fixture
 def url(redis_url):
-    base, _, _ = redis_url.rpartition("/")
-    url = f"{base}/13"
-    redis.Redis.from_url(url).flushdb()
-    yield url
-    redis.Redis.from_url(url).flushdb()
+    with own_database(redis_url, 13) as url:
+        yield url
 
 
 @pytest.fixture

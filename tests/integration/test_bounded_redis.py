@@ -8,6 +8,7 @@ import time
 import pytest
 import redis
 
+from conftest import own_database
 from dispatcher.client import Client
 from dispatcher.store import keys
 from dispatcher.store.hints import PrefixHints
@@ -18,11 +19,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def url(redis_url):
-    base, _, _ = redis_url.rpartition("/")
-    url = f"{base}/11"
-    redis.Redis.from_url(url).flushdb()
-    yield url
-    redis.Redis.from_url(url).flushdb()
+    with own_database(redis_url, 11) as url:
+        yield url
 
 
 def test_a_busy_workers_prefix_hints_are_capped_and_the_stale_ones_trimmed(url):

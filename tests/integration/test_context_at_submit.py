@@ -9,6 +9,7 @@ import json
 import pytest
 import redis
 
+from conftest import own_database
 from dispatcher.client import Client
 from dispatcher.jobs import ContextOverflowError, GenerationJob
 from dispatcher.routing.context import might_overflow
@@ -21,12 +22,8 @@ LONG = "The quick brown fox jumps over the lazy dog. " * 300  # about 3000 token
 
 @pytest.fixture
 def client(redis_url, hf_dir):  # hf_dir: the tokenizer is prepared
-    base, _, _ = redis_url.rpartition("/")
-    url = f"{base}/9"
-    redis.Redis.from_url(url).flushdb()
-    with Client(url) as c:
+    with own_database(redis_url, 9) as url, Client(url) as c:
         yield c
-    redis.Redis.from_url(url).flushdb()
 
 
 def queued(r: redis.Redis) -> int:

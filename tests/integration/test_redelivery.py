@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import start_worker, wait_for
+from conftest import own_database, start_worker, wait_for
 from dispatcher.store import keys
 
 pytestmark = pytest.mark.integration
@@ -138,16 +138,11 @@ def test_the_unacked_sweep_drops_finished_jobs_and_leaves_other_apps_messages_al
     import sys
     import uuid
 
-    import redis as redis_lib
-
     from dispatcher.client import Client
     from dispatcher.jobs import GenerationJob, Selection
     from workers import reaper
 
-    base, _, _ = redis_url.rpartition("/")
-    url = f"{base}/12"
-    redis_lib.Redis.from_url(url).flushdb()
-    with Client(url) as client:
+    with own_database(redis_url, 12) as url, Client(url) as client:
         own = f"ib.llamacpp.sweep-{uuid.uuid4().hex[:6]}"
         jobs = [GenerationJob(model="smollm2-135m", prompt=f"p{i}", backend="llamacpp") for i in range(2)]
         sel = client.decide(jobs[0], client.workers())
@@ -175,7 +170,6 @@ def test_the_unacked_sweep_drops_finished_jobs_and_leaves_other_apps_messages_al
         assert len(restored) == 1
         assert waiting() == [jobs[1].id]  # the unfinished one is back; the finished one is not
         assert r.hkeys("unacked") == [b"foreign-tag"]  # only the other app's message is left
-    redis_lib.Redis.from_url(url).flushdb()
 
 
 def test_a_duplicate_delivery_waits_for_the_live_run_and_takes_over_only_if_its_worker_dies(client, redis_url):
