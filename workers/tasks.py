@@ -64,12 +64,13 @@ class Runtime:
 def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
     started = time.time()
     begin = rt.store.begin(job.id, rt.worker_id, scope=job.batch_id, running_here=rt.cancels.watching(job.id))
+    if begin.running_on is not None:
+        log.info("job %s runs on %s: this delivery waits for its outcome", job.id, begin.running_on)
     while begin.running_on is not None:
         # A duplicate delivery: the job runs on a live worker. Starting it again would
         # repeat the engine's work and could record an error over the good run (vLLM
         # refuses a request id it already runs), so wait for that run's outcome; if its
         # worker dies meanwhile, the next begin makes this delivery the next attempt.
-        log.info("job %s runs on %s: this delivery waits for its outcome", job.id, begin.running_on)
         if (final := rt.store.wait(job.id, timeout=DUPLICATE_WAIT_S)) is not None:
             return _outcome(*final)
         begin = rt.store.begin(job.id, rt.worker_id, scope=job.batch_id, running_here=rt.cancels.watching(job.id))
