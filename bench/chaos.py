@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import tempfile
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +56,8 @@ from ops.localfleet import WorkerProcess, free_port
 
 console = Console()
 MODEL = "smollm2-135m"
-RESULT_TTL_S = 60  # results expire this long after a job ends (24 h by default)
+RESULT_TTL_S = 300  # results expire this long after a job ends (24 h by default)
+HINT_TTL_S = 120  # prefix hints (1 h by default)
 TOPICS = ["the sea", "a cat", "winter", "bread", "a clock", "the moon", "a river", "chess", "rain", "a lamp"]
 
 
@@ -105,11 +108,13 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     port, data = free_port(), tmp / "valkey"
     broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
-    env = {"IB_CELERY_RESULT_EXPIRES_S": str(RESULT_TTL_S), "IB_BATCH_RETENTION_S": "0"}
+    env = short_lived()
     fleet = Fleet(broker.url, env, args.threads, tmp / "logs")
     faults: list[tuple[float, str]] = []
     interactive: list[str] = []
     answers: dict[str, str] = {}
+    waiting = ThreadPoolExecutor(max_workers=64)  # each interactive job's caller, waiting for its answer
+    answered: dict[str, Future] = {}
     try:
         for _ in range(2):
             fleet.start()
@@ -136,6 +141,7 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                             model=MODEL, messages=messages, sampling={"max_tokens": 4}, priority="interactive"
                         )
                         interactive.append(h.id)
+                        answered[h.id] = waiting.submit(h.result, 600)
                     except redis.RedisError:
                         answers[f"submit-{i}"] = "refused"  # the broker was down at submit: the caller saw an error
                     time.sleep(args.interactive_every_s)
@@ -175,11 +181,12 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 time.sleep(0.5)
             batch_end = time.monotonic()
             asker.join(timeout=args.timeout_s)
-            for job_id in interactive:
+            for job_id, future in answered.items():
                 try:
-                    answers[job_id] = client.result(job_id, timeout=120).status
+                    answers[job_id] = future.result().status
                 except (JobError, TimeoutError, redis.RedisError) as exc:  # a lost job: the count says so
                     answers[job_id] = f"lost: {type(exc).__name__}"
+            waiting.shutdown()
 
             records = list(client.batches.results(batch.id))
             per_line = Counter(r["custom_id"] for r in records)
@@ -216,7 +223,7 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             }
             # After every result and the batch's records have expired.
             purge_in = final.expires_at + 2 - time.time() if final else 0
-            wait = max(RESULT_TTL_S + 5 - (time.monotonic() - batch_end), purge_in, 0)
+            wait = max(max(RESULT_TTL_S, HINT_TTL_S) + 5 - (time.monotonic() - batch_end), purge_in, 0)
             console.print(f"waiting {wait:.0f} s for results and the batch to expire...")
             time.sleep(wait)
             result["redis_after"] = redis_footprint(client.redis)
@@ -227,9 +234,21 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         broker.stop()
 
 
+def short_lived() -> dict[str, str]:
+    """Results, hints and the batch expire within the run (here and in the workers), so
+    the footprint after it shows what would stay for good."""
+    env = {
+        "IB_CELERY_RESULT_EXPIRES_S": str(RESULT_TTL_S),
+        "IB_PREFIX_HINT_TTL_S": str(HINT_TTL_S),
+        "IB_BATCH_RETENTION_S": "0",
+    }
+    os.environ.update(env)
+    return env
+
+
 def soak(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     broker = EmbeddedBroker(port=free_port(), data_dir=tmp / "valkey").start(announce=False)
-    env = {"IB_CELERY_RESULT_EXPIRES_S": str(RESULT_TTL_S)}
+    env = short_lived()
     fleet = Fleet(broker.url, env, args.threads, tmp / "logs")
     samples = []
     try:
@@ -273,7 +292,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--kills", type=int, default=2)
     p.add_argument("--outage-s", type=float, default=30.0)
-    p.add_argument("--window-s", type=int, default=600, help="the batch's completion window (its records expire after)")
+    p.add_argument("--window-s", type=int, default=420, help="the batch's completion window (its records expire after)")
     p.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout-s", type=float, default=1800)
