@@ -58,6 +58,7 @@ console = Console()
 MODEL = "smollm2-135m"
 RESULT_TTL_S = 300  # results expire this long after a job ends (24 h by default)
 HINT_TTL_S = 120  # prefix hints (1 h by default)
+SOAK_RESULT_TTL_S = 60
 TOPICS = ["the sea", "a cat", "winter", "bread", "a clock", "the moon", "a river", "chess", "rain", "a lamp"]
 
 
@@ -234,11 +235,11 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         broker.stop()
 
 
-def short_lived() -> dict[str, str]:
+def short_lived(result_ttl_s: int = RESULT_TTL_S) -> dict[str, str]:
     """Results, hints and the batch expire within the run (here and in the workers), so
     the footprint after it shows what would stay for good."""
     env = {
-        "IB_CELERY_RESULT_EXPIRES_S": str(RESULT_TTL_S),
+        "IB_CELERY_RESULT_EXPIRES_S": str(result_ttl_s),
         "IB_PREFIX_HINT_TTL_S": str(HINT_TTL_S),
         "IB_BATCH_RETENTION_S": "0",
     }
@@ -248,7 +249,7 @@ def short_lived() -> dict[str, str]:
 
 def soak(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     broker = EmbeddedBroker(port=free_port(), data_dir=tmp / "valkey").start(announce=False)
-    env = short_lived()
+    env = short_lived(SOAK_RESULT_TTL_S)  # a plateau within the soak: keys live a minute
     fleet = Fleet(broker.url, env, args.threads, tmp / "logs")
     samples = []
     try:

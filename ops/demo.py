@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
+import gzip
+import json
 import logging
 import os
 import secrets
@@ -52,7 +55,9 @@ def demo_job(prompt: str, max_tokens: int, system: str | None = None, **fields: 
 
 
 def run_batch_demo(client: Client, max_tokens: int, n_lines: int = 24) -> None:
-    """An offline batch: OpenAI Batch JSONL lines (two of them bad) in, a results file out."""
+    """An offline batch from a file as people save them (gzipped, a byte-order mark, CRLF
+    endings, one line in Windows-1252, one cut off, a duplicate custom_id, one too long for
+    the model): each bad line is its own error record, the others run; a results file out."""
     lines: list = [
         {
             "custom_id": f"demo-{i}",
@@ -65,15 +70,24 @@ def run_batch_demo(client: Client, max_tokens: int, n_lines: int = 24) -> None:
         }
         for i in range(n_lines)
     ]
-    lines[5] = '{"custom_id": "demo-broken", "messages": [oops'
     lines[11] = {"custom_id": "demo-3", "prompt": "a duplicate custom_id"}
-    console.print(f"\n[bold]offline batch[/]: {n_lines} lines (two of them bad) through `client.batches.create` ...")
-    batch = client.batches.create(lines, model="smollm2-135m")
+    lines[17] = {"custom_id": "demo-long", "prompt": "many words " * 1500, "max_tokens": 16}
+    out_dir = settings.data_dir() / "demo-batch"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw = [json.dumps(line).encode() for line in lines]
+    raw[5] = '{"custom_id": "demo-latin1", "prompt": "café"}'.encode("cp1252")  # a Windows editor's save
+    raw.append(b'{"custom_id": "demo-cut", "prompt": "an upload cut sh')  # the last line, cut off
+    src = out_dir / "requests.jsonl.gz"
+    src.write_bytes(gzip.compress(codecs.BOM_UTF8 + b"\r\n".join(raw)))
+    console.print(
+        f"\n[bold]offline batch[/]: {len(raw)} lines in {src.name} (gzip, BOM, CRLF; four of them bad) "
+        "through `client.batches.create` ..."
+    )
+    batch = client.batches.create(src, model="smollm2-135m")
     console.print(f"batch {batch.id}: {batch.status}, {batch.request_counts.failed} line(s) refused at validation")
     watch_batch(client, batch.id, interval_s=0.5)
     done = client.batches.retrieve(batch.id)
     console.print(f"lines per backend (the tree, per line: throughput work → llama.cpp on CPU): {done.backends}")
-    out_dir = settings.data_dir() / "demo-batch"
     n_out, n_err = client.batches.write_results(batch.id, out_dir / "out.jsonl", out_dir / "errors.jsonl")
     records = list(client.batches.results(batch.id))
     for rec in [r for r in records if r["response"]][:3]:

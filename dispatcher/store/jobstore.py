@@ -177,7 +177,7 @@ class JobStore:
             token = self.r.blpop([keys.done(job_id)], timeout=max(remaining, 0.01))
             pipe = self.r.pipeline(transaction=False)
             if token is not None:
-                pipe.rpush(keys.done(job_id), token[1])
+                _push_back(pipe, job_id, token[1])
             pipe.hmget(keys.job(job_id), "final", "result", "error")
             final = _final(pipe.execute()[-1])
         return final
@@ -231,10 +231,21 @@ async def wait_async(
         token = await client.blpop([keys.done(job_id)], timeout=max(remaining, 0.01))
         pipe = client.pipeline(transaction=False)
         if token is not None:
-            pipe.rpush(keys.done(job_id), token[1])
+            _push_back(pipe, job_id, token[1])
         pipe.hmget(keys.job(job_id), "final", "result", "error")
         final = _final((await pipe.execute())[-1])
     return final
+
+
+# The token a waiter pushes back only has to wake the others blocked right now (each looks
+# at the record again within WAIT_SLICE_S): popping it deleted the list and its TTL, so the
+# push-back sets one, or every waited-on job would leave its token in Redis for good.
+DONE_TOKEN_TTL_S = 60
+
+
+def _push_back(pipe: Any, job_id: str, token: bytes) -> None:
+    pipe.rpush(keys.done(job_id), token)
+    pipe.expire(keys.done(job_id), DONE_TOKEN_TTL_S)
 
 
 def _final(values: list[bytes | None]) -> tuple[str, dict[str, Any]] | None:

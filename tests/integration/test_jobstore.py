@@ -9,6 +9,7 @@ import uuid
 import pytest
 import redis
 
+from dispatcher.store import keys
 from dispatcher.store.jobstore import JobStore
 
 pytestmark = pytest.mark.integration
@@ -73,6 +74,8 @@ def test_every_waiter_wakes_when_the_job_finishes(store):
         w.join(timeout=20)
     assert got == [("failed", {"code": "engine_failure"})] * 3
     assert time.monotonic() - t0 < 2  # woken, not polled at the 2 s slice
+    # the token the waiters passed on expires: a waited-on job leaves nothing behind for good
+    assert 0 < store.r.ttl(keys.done(job)) <= 60
 
 
 def test_wait_times_out_with_none(store):
