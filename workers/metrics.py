@@ -62,6 +62,13 @@ class WorkerMetrics:
             registry=r,
             **_GAUGE,
         )
+        self.own_queued = Gauge(
+            "ib_own_queue_jobs",
+            "Jobs waiting in the worker's own queue (prefix-affinity sends), all priorities",
+            lbl,
+            registry=r,
+            **_GAUGE,
+        )
         self.healthy = Gauge(
             "ib_worker_healthy",
             "1 while the worker takes jobs, 0 when a health threshold is crossed",
@@ -91,9 +98,11 @@ class WorkerMetrics:
     def observe_failure(self, model: str) -> None:
         self.jobs.labels(**self.labels, model=model, status="failed").inc()
 
-    def sample(self, in_flight: int, capacity: int, health: Health) -> None:
+    def sample(self, in_flight: int, capacity: int, health: Health, own_queued: int | None = None) -> None:
         lbl = self.labels
         self.running.labels(**lbl).set(in_flight)
+        if own_queued is not None:
+            self.own_queued.labels(**lbl).set(own_queued)
         self.capacity.labels(**lbl).set(capacity)
         self.healthy.labels(**lbl).set(1 if health.ok else 0)
         if health.facts is not None:

@@ -132,9 +132,22 @@ def test_every_backend_scales_on_each_of_its_priority_queues():
     steps = fleet_config().priorities.steps()
     for name, obj in scaled.items():
         backend = name.removeprefix("worker-")
-        lists = [t["metadata"]["listName"] for t in obj["spec"]["triggers"]]
+        lists = [t["metadata"]["listName"] for t in obj["spec"]["triggers"] if t["type"] == "redis"]
         assert lists == [f"ib.{backend}" if p == 0 else f"ib.{backend}:{p}" for p in steps]
         assert obj["spec"]["minReplicaCount"] >= 1  # a cold worker loads its engine for minutes
+        # own queues (prefix affinity) are counted through the gauge each worker exports
+        queries = [t["metadata"]["query"] for t in obj["spec"]["triggers"] if t["type"] == "prometheus"]
+        affinity = backend in fleet_config().decision.prefix_affinity_backends
+        assert queries == ([f'sum(ib_own_queue_jobs{{backend="{backend}"}})'] if affinity else []), name
+    from prometheus_client import CollectorRegistry
+
+    from dispatcher.fleet import Health
+    from workers.metrics import WorkerMetrics
+
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics("llamacpp", "w1", registry=registry)
+    metrics.sample(0, 8, Health(), own_queued=5)
+    assert registry.get_sample_value("ib_own_queue_jobs", {"backend": "llamacpp", "worker": "w1"}) == 5
 
 
 def test_workers_drain_on_sigterm_and_take_secrets_from_a_secret():
