@@ -281,3 +281,51 @@ def test_a_job_through_redis_over_tls(tmp_path, monkeypatch):
             say_hi(client, worker)
     finally:
         stop_all(worker, proc)
+
+
+def _rabbit_env(name: str, value: int) -> None:
+    import subprocess
+
+    subprocess.run(["rabbitmqctl", "eval", f"application:set_env(rabbit, {name}, {value})."], check=True,
+                   capture_output=True, timeout=60)  # fmt: skip
+
+
+def test_a_job_longer_than_rabbitmqs_consumer_timeout_is_not_run_twice(redis_url, amqp_env):
+    """RabbitMQ closes the channel of a delivery unacked past its consumer_timeout and
+    requeues the message while the job still runs (acks late). Cut to 3 s here (the server
+    checking every second), a ~8 s job crosses it. Celery takes the closed channel for an
+    unrecoverable error and stops the worker once its running job is done: the job
+    finishes and is recorded once, and the requeued message, taken by the next worker, is
+    answered from the record without running the engine again. Hence
+    deploy/rabbitmq/rabbitmq.conf keeps the real timeout above the job time limit."""
+    import shutil
+
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("rabbitmqctl is needed to shorten the server's consumer_timeout")
+    _rabbit_env("consumer_timeout", 3000)
+    _rabbit_env("channel_tick_interval", 1000)  # for channels opened from now on
+    first = second = None
+    try:
+        first = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"], env=amqp_env)
+        with Client(redis_url) as client:
+            handle = client.submit(model=MODEL, messages=LONG, sampling={"max_tokens": 400}, backend="llamacpp")
+            result = handle.result(timeout=300)
+            assert result.status == "completed" and result.usage.completion_tokens > 0
+            first.proc.wait(timeout=60)  # Celery: "Unrecoverable error: PreconditionFailed"
+            assert "delivery acknowledgement on channel 1 timed out" in first.log_path.read_text()
+            _rabbit_env("consumer_timeout", 1800000)
+            second = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"], env=amqp_env)
+            deadline = time.monotonic() + 60
+            while f"job {handle.id} already finished" not in second.log_path.read_text():
+                assert time.monotonic() < deadline, "the requeued message never came back"
+                time.sleep(0.5)
+            record = client.record(handle.id)
+            assert record["attempts"] == "1" and record["completions"] == "1"  # one engine run
+            with client.app.connection_for_read() as conn:  # and nothing left behind in the queue
+                assert conn.default_channel.queue_declare("ib.llamacpp", passive=True).message_count == 0
+    finally:
+        _rabbit_env("consumer_timeout", 1800000)
+        _rabbit_env("channel_tick_interval", 60000)
+        for w in (first, second):
+            if w is not None:
+                w.stop()
