@@ -170,6 +170,14 @@ def own_database(redis_url: str, index: int):
         redis.Redis.from_url(url).flushdb()
 
 
+def without_tokenizer(client) -> None:
+    """The client as on a host where the model's tokenizer is not prepared: it counts no
+    prompt at submit, so the worker's own context check is what refuses an overflow."""
+    from dispatcher.routing.prefix import PrefixHasher
+
+    client.tokens = PrefixHasher(tokenizer_for=lambda model: None)
+
+
 def ib(*args: str, redis_url: str, env: dict[str, str] | None = None):
     """Run the `ib` CLI against ``redis_url`` (and ``env`` on top); returns the finished process."""
     import subprocess

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ib, start_worker, start_worker_with_artifact
+from conftest import ib, start_worker, start_worker_with_artifact, without_tokenizer
 from dispatcher.jobs import ContextOverflowError
 
 pytestmark = pytest.mark.integration
@@ -83,6 +83,7 @@ def test_a_repeated_system_prompt_is_reported_as_cached(client, cpu_fleet):
 
 
 def test_context_overflow_is_typed_and_the_worker_keeps_serving(client, cpu_fleet):
+    without_tokenizer(client)  # the worker's own check, the last guard, is what is tested here
     handle = client.submit(
         model=MODEL, prompt="lorem ipsum dolor sit amet " * 500, sampling={"max_tokens": 8}, backend="llamacpp"
     )

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from conftest import start_worker, start_worker_with_artifact
+from conftest import start_worker, start_worker_with_artifact, without_tokenizer
 from dispatcher.jobs import ContextOverflowError
 
 pytestmark = pytest.mark.integration
@@ -59,6 +59,7 @@ def test_the_cpu_branch_routes_by_latency_target(client, onnx_worker):
 
 
 def test_context_overflow_is_typed_and_the_worker_keeps_serving(client, onnx_worker):
+    without_tokenizer(client)  # the worker's own check, the last guard, is what is tested here
     handle = client.submit(
         model=MODEL, prompt="lorem ipsum dolor sit amet " * 500, sampling={"max_tokens": 8}, backend="onnx"
     )

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from conftest import without_tokenizer
 from dispatcher.jobs import (
     ContextOverflowError,
     JobCancelledError,
@@ -143,6 +144,7 @@ def test_bad_parameters_are_refused_at_submit(client, pytorch_worker):
 
 def test_context_overflow_is_a_typed_error_and_the_worker_keeps_serving(client, pytorch_worker):
     long_prompt = "lorem ipsum dolor sit amet " * 500  # ~2500 tokens > 2048
+    without_tokenizer(client)  # the worker's own check, the last guard, is what is tested here
     handle = client.submit(model=MODEL, prompt=long_prompt, sampling={"max_tokens": 8})
     with pytest.raises(ContextOverflowError, match="context window is 2048 tokens"):
         handle.result(timeout=120)
