@@ -33,6 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench import report
 from dispatcher import settings
 from dispatcher.client import Client
 from dispatcher.registry import ModelRegistry
@@ -81,11 +82,6 @@ def prompts(n: int) -> list[str]:
     return [ASKS[i % len(ASKS)].format(SUBJECTS[(i // len(ASKS)) % len(SUBJECTS)]) for i in range(n)]
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -111,8 +107,8 @@ def measure(client: Client, backend: str, texts: list[str], max_tokens: int, in_
     one_at_a_time = sum(r.usage.completion_tokens for r in single) / single_wall
     aggregate = sum(r.usage.completion_tokens for r in saturated) / wall
     return {
-        "ttft_p50_ms": pct(ttfts, 0.5),
-        "ttft_p95_ms": pct(ttfts, 0.95),
+        "ttft_p50_ms": report.percentile(ttfts, 50),
+        "ttft_p95_ms": report.percentile(ttfts, 95),
         "decode_tok_s": statistics.median(r.tokens_per_s for r in single),
         "one_at_a_time_tok_s": one_at_a_time,
         "aggregate_tok_s": aggregate,

@@ -10,8 +10,9 @@
 Two modes, each run for both paths back to back: sequential (one job at a time, each
 prompt both ways in alternating order: per-job latency, the median paired difference,
 and the fleet path itself = end-to-end time minus the time the job spent in the worker)
-and saturated (all jobs at once, ``--rounds`` times both ways: throughput in generated
-tokens/s and the median of the per-round ratios, since this machine's speed drifts). Greedy, fixed max tokens, same
+and saturated (all jobs at once, ``--rounds`` times both ways, which side goes first
+alternating round by round: throughput in generated tokens/s and the median of the
+per-round ratios, since this machine's speed drifts). Greedy, fixed max tokens, same
 prompts, same thread count. Prints a table and writes JSON to bench/results/.
 """
 
@@ -163,10 +164,15 @@ def main() -> int:
         rounds = []
         for r in range(args.rounds):
             console.print(f"[bold]saturated[/] round {r + 1}/{args.rounds}: {len(texts)} jobs at once, both ways ...")
-            pair = {
-                "in_process": saturated_in_process(engine, texts, args.max_tokens),
-                "fleet": saturated_fleet(client, texts, args.max_tokens),
-            }
+            # Alternating which side goes first, round by round: whatever drifts within a
+            # round (the CPU's clock, the page cache) does not always favour the same side.
+            arms = [
+                ("in_process", lambda: saturated_in_process(engine, texts, args.max_tokens)),
+                ("fleet", lambda: saturated_fleet(client, texts, args.max_tokens)),
+            ]
+            pair: dict = {"first": arms[r % 2][0]}
+            for name, run in arms if r % 2 == 0 else arms[::-1]:
+                pair[name] = run()
             pair["ratio"] = pair["fleet"]["tok_s"] / pair["in_process"]["tok_s"]
             rounds.append(pair)
         sat = {
@@ -190,6 +196,7 @@ def main() -> int:
         "throughput_tok_s": {k: sat[k]["tok_s"] for k in ("in_process", "fleet")},
         "throughput_ratio": sat["ratio"],
         "throughput_ratio_per_round": [p["ratio"] for p in sat["rounds"]],
+        "first_per_round": [p["first"] for p in sat["rounds"]],
         "targets": {"median_added_latency_ms": "< 5", "median_fleet_path_ms": "< 5", "throughput_ratio": ">= 0.95"},
     }
     results = {"sequential": seq, "saturated": sat}
@@ -209,7 +216,10 @@ def main() -> int:
     table.add_row("  fleet path: end to end − time in the worker", "", f"{summary['median_fleet_path_ms']:.1f} ms", "")
     table.add_row("  fleet path: submit → worker start", "", f"{summary['median_queue_wait_ms']:.1f} ms", "")
     table.add_row("  fleet path: worker done → client has it", "", f"{summary['median_result_delivery_ms']:.1f} ms", "")
-    per_round = ", ".join(f"{r:.3f}" for r in summary["throughput_ratio_per_round"])
+    per_round = ", ".join(
+        f"{r:.3f} ({first.replace('_', '-')} first)"
+        for r, first in zip(summary["throughput_ratio_per_round"], summary["first_per_round"])
+    )
     table.add_row(
         f"saturated: throughput (median of {args.rounds} rounds)",
         f"{tp['in_process']:.1f} tok/s",

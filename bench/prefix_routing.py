@@ -95,11 +95,6 @@ def chat(i: int, q: str, max_tokens: int) -> dict:
     }
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def run_arm(url: str, env: dict[str, str], affinity: bool, args: argparse.Namespace) -> dict:
     workers = [
         WorkerProcess("llamacpp", url, extra_args=[f"--threads={args.threads}"], env=env).start() for _ in range(2)
@@ -139,16 +134,16 @@ def run_arm(url: str, env: dict[str, str], affinity: bool, args: argparse.Namesp
         "jobs": len(results),
         "wall_s": wall,
         "tok_s": sum(r.usage.completion_tokens for _, r in results) / wall,
-        "ttft_p50_ms": pct(ttfts, 0.5),
-        "ttft_p95_ms": pct(ttfts, 0.95),
-        "ttft_p50_after_round0_ms": pct([r.timings.ttft_s * 1000 for r in later], 0.5),
+        "ttft_p50_ms": report.percentile(ttfts, 50),
+        "ttft_p95_ms": report.percentile(ttfts, 95),
+        "ttft_p50_after_round0_ms": report.percentile([r.timings.ttft_s * 1000 for r in later], 50),
         "hit_rate_after_round0": sum(r.usage.cached_tokens > 0 for r in later) / max(1, len(later)),
         "prompt_tokens_p50": statistics.median(r.usage.prompt_tokens for _, r in results),
         "jobs_per_worker": {w: sum(r.worker == w for _, r in results) for w in stats},
         "engine_prefix_hits": sum(s.get("prefix_hits", 0) for s in stats.values()),
         "engine_prefix_misses": sum(s.get("prefix_misses", 0) for s in stats.values()),
         "lookup_ms_p50": statistics.median(lookup_ms) if lookup_ms else None,
-        "lookup_ms_p95": pct(lookup_ms, 0.95) if lookup_ms else None,
+        "lookup_ms_p95": report.percentile(lookup_ms, 95) if lookup_ms else None,
     }
 
 

@@ -19,6 +19,7 @@ from datetime import date
 from dispatcher.client import Client
 from dispatcher.fleet import WorkerInfo
 from dispatcher.routing.profiles import LLAMA2_7B, BackendProfile, configured_concurrency, estimate_memory
+from ops.measure import percentile
 
 # Open-ended asks, so every backend generates up to max_tokens most of the time.
 PROMPTS = [
@@ -31,11 +32,6 @@ PROMPTS = [
     "Write a short speech welcoming new students to a school.",
     "Describe how to plan a hiking trip in the mountains.",
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def hardware_label(w: WorkerInfo) -> str:
@@ -124,7 +120,7 @@ def measure_backend(
         max_tokens=max_tokens,
         mean_completion_tokens=round(statistics.mean(r.usage.completion_tokens for r in singles + burst), 1),
         ttft_p50_ms=round(statistics.median(ttfts), 1),
-        ttft_p95_ms=round(percentile(ttfts, 0.95), 1),
+        ttft_p95_ms=round(percentile(ttfts, 95), 1),
         single_stream_tok_s=round(statistics.median(single_rates), 1),
         saturated_tok_s=round(sum(r.usage.completion_tokens for r in burst) / wall, 1),
         saturated_jobs=saturate,
