@@ -216,7 +216,7 @@ def main() -> int:
     for label, r in rows.items():
         table.add_row(
             label,
-            str(r["jobs"]),
+            str(int(r["jobs"])),
             f"{r['ttft_p50_ms']:.0f} ms",
             f"{r['ttft_p95_ms']:.0f} ms",
             f"{r['ttft_p50_after_round0_ms']:.0f} ms",
