@@ -47,6 +47,9 @@ class HealthFacts(BaseModel):
     cpu_percent: float
     ram_used_frac: float
     rss_mb: float  # the worker and its children (vLLM's engine core): the engine's memory
+    # the kernel's peak of the same processes (VmHWM, summed): what a benchmark reports,
+    # since a heartbeat's sample can miss the peak between two beats
+    peak_rss_mb: float | None = None
     gpus: list[GPUHealth] = Field(default_factory=list)
 
 

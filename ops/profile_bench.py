@@ -4,8 +4,8 @@ Per backend, pinned to it (``backend=``), greedy, the same prompts and ``max_tok
 - single stream: one job at a time after a warm-up job; TTFT p50/p95 (submit → first
   token, through the whole fleet path) and tokens per second end to end;
 - saturated: ``saturate`` jobs submitted at once; generated tokens over the wall time;
-- memory: the largest the worker's heartbeat reported meanwhile (its RSS with the
-  engine's helpers on CPU, device memory used on GPU).
+- memory: on CPU the kernel's peak RSS (VmHWM) of the worker and the engine's helpers,
+  as its heartbeat reports it; on GPU the largest device memory used the heartbeat saw.
 Backends are measured one after another, so they do not share the machine's cores.
 """
 
@@ -42,7 +42,8 @@ def hardware_label(w: WorkerInfo) -> str:
 
 
 class MemoryWatch:
-    """Samples a worker's heartbeat memory while a run goes on; keeps the largest."""
+    """Reads a worker's heartbeat memory while a run goes on; keeps the largest (on CPU the
+    heartbeat carries the kernel's peak, so no sample can miss it)."""
 
     def __init__(self, client: Client, worker_id: str, interval_s: float = 0.5) -> None:
         self.client, self.worker_id, self.interval_s = client, worker_id, interval_s
@@ -55,7 +56,8 @@ class MemoryWatch:
         facts = w.health.facts if w else None
         if facts is not None:
             gpu = sum(g.memory_used_mb for g in facts.gpus)
-            self.peak_mb = max(self.peak_mb, gpu if facts.gpus else facts.rss_mb)
+            host = facts.peak_rss_mb if facts.peak_rss_mb is not None else facts.rss_mb  # the kernel's peak
+            self.peak_mb = max(self.peak_mb, gpu if facts.gpus else host)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

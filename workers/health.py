@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -57,6 +58,23 @@ def process_rss_mb(proc: psutil.Process | None = None) -> float:
     return total / 2**20
 
 
+def process_peak_rss_mb(proc: psutil.Process | None = None) -> float | None:
+    """The kernel's high-water mark (VmHWM) of this process and its children, summed (an
+    upper bound when their peaks came at different times); None where /proc has no VmHWM."""
+    proc = proc or psutil.Process()
+    total, found = 0, False
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            status = Path(f"/proc/{p.pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                total += int(line.split()[1]) * 1024
+                found = True
+    return total / 2**20 if found else None
+
+
 class HealthMonitor:
     """Reads the facts each beat; GPU facts through a long-lived NVML session."""
 
@@ -71,6 +89,7 @@ class HealthMonitor:
             cpu_percent=self._proc.cpu_percent(),
             ram_used_frac=psutil.virtual_memory().percent / 100,
             rss_mb=round(process_rss_mb(self._proc), 1),
+            peak_rss_mb=_rounded(process_peak_rss_mb(self._proc)),
             gpus=self.gpu_reader() if self.gpu_reader else [],
         )
 
@@ -102,3 +121,7 @@ class ConsumeGate:
         else:
             log.warning("worker unhealthy, not taking new jobs: %s", "; ".join(health.reasons))
         return True
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

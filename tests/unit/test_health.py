@@ -176,3 +176,19 @@ def test_the_reader_uses_names_that_nvidia_ml_py_has():
     else:  # a GPU host: the real driver answers the same calls the fake does
         assert reader is not None and len(reader.handles) == boards
         reader.close()
+
+
+def test_the_peak_rss_is_the_kernels_high_water_mark_not_a_sample():
+    from workers.health import process_peak_rss_mb, process_rss_mb
+
+    before = process_peak_rss_mb()
+    if before is None:
+        import pytest
+
+        pytest.skip("no /proc VmHWM on this system")
+    # more than the old peak, touched, then freed: a sample taken now would miss it
+    blob = bytearray(int(before + 64) * 2**20)
+    blob[::4096] = b"x" * len(blob[::4096])
+    del blob
+    peak = process_peak_rss_mb()
+    assert peak >= before + 60 and peak >= process_rss_mb()
