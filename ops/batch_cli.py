@@ -14,9 +14,8 @@ from rich.table import Table
 
 from dispatcher.batch.api import Batch
 from dispatcher.batch.feeder import BatchFeeder
-from dispatcher.jobs import JobError
 from ops.console import client as _client
-from ops.console import console, fail, stop_on_sigterm, watch_batch
+from ops.console import console, stop_on_sigterm, watch_batch
 
 app = typer.Typer(help="Offline batch jobs: OpenAI Batch JSONL in, JSONL out.", no_args_is_help=True)
 
@@ -39,19 +38,16 @@ def submit(
     if bad:
         raise typer.BadParameter(f"{bad[0]!r}: write it as key=value", param_hint="--metadata")
     meta = dict(m.partition("=")[::2] for m in metadata) if metadata else None
-    try:
-        with console.status("validating...") as spinner:
-            batch = client.batches.create(
-                input_file,
-                model=model,
-                priority=priority,
-                completion_window=completion_window,
-                endpoint=endpoint,
-                metadata=meta,
-                progress=lambda n: spinner.update(f"validating: {n} lines read"),
-            )
-    except JobError as exc:
-        fail(exc)
+    with console.status("validating...") as spinner:
+        batch = client.batches.create(
+            input_file,
+            model=model,
+            priority=priority,
+            completion_window=completion_window,
+            endpoint=endpoint,
+            metadata=meta,
+            progress=lambda n: spinner.update(f"validating: {n} lines read"),
+        )
     counts = batch.request_counts
     console.print(
         f"batch [bold]{batch.id}[/]: {batch.status}, {counts.total} request(s), {counts.failed} refused at validation"
@@ -73,12 +69,9 @@ def status(
 ) -> None:
     """A batch's status and request counts."""
     client = _client()
-    try:
-        if watch:
-            watch_batch(client, batch_id)
-        _show(client.batches.retrieve(batch_id))
-    except JobError as exc:
-        fail(exc)
+    if watch:
+        watch_batch(client, batch_id)
+    _show(client.batches.retrieve(batch_id))
 
 
 @app.command("results")
@@ -89,11 +82,8 @@ def results(
 ) -> None:
     """Write a batch's results (written atomically; partial while the batch runs)."""
     client = _client()
-    try:
-        batch = client.batches.retrieve(batch_id)
-        n_out, n_err = client.batches.write_results(batch_id, output, errors)
-    except JobError as exc:
-        fail(exc)
+    batch = client.batches.retrieve(batch_id)
+    n_out, n_err = client.batches.write_results(batch_id, output, errors)
     where = f"{n_out} line(s) → {output}" + (f", {n_err} error(s) → {errors}" if errors else "")
     console.print(where)
     if not batch.is_final:
@@ -132,13 +122,10 @@ def cancel(
 ) -> None:
     """Cancel a batch: pending lines are dropped, running ones aborted, finished ones kept."""
     client = _client()
-    try:
-        batch = client.batches.cancel(batch_id)
-        while wait and not batch.is_final:
-            time.sleep(0.5)
-            batch = client.batches.retrieve(batch_id)
-    except JobError as exc:
-        fail(exc)
+    batch = client.batches.cancel(batch_id)
+    while wait and not batch.is_final:
+        time.sleep(0.5)
+        batch = client.batches.retrieve(batch_id)
     console.print(f"batch {batch_id}: {batch.status} ({batch.request_counts.completed} completed lines kept)")
 
 

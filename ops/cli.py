@@ -20,7 +20,7 @@ from dispatcher.client import Client
 from dispatcher.jobs import BACKENDS, JobError
 from ops import batch_cli, bench_cli, dead_letters_cli, models_cli, serve_cli, up_cli
 from ops.broker import EmbeddedBroker
-from ops.console import broker_url, console, fail, print_results, stop_on_sigterm
+from ops.console import broker_url, console, print_results, stop_on_sigterm
 from ops.console import client as _client
 from ops.user_errors import run as run_cli
 
@@ -94,10 +94,7 @@ def explain(
 ) -> None:
     """Show where a job would go and why, without running it."""
     job = _job(model, prompt, message, max_tokens, temperature, latency_ms, throughput, hardware, backend)
-    try:
-        sel = _client().explain(job)
-    except JobError as exc:
-        fail(exc)
+    sel = _client().explain(job)
     table = Table(title=f"decision for {model}: {sel.backend} on queue {sel.queue}")
     table.add_column("step")
     table.add_column("answer")
@@ -126,30 +123,24 @@ def submit(
     """Submit one job; prints its id (and, with --wait, its answer)."""
     client = _client()
     job = _job(model, prompt, message, max_tokens, temperature, latency_ms, throughput, hardware, backend)
-    try:
-        handle = client.submit({**job, "stream": stream})
-        console.print(f"job [bold]{handle.id}[/] → {handle.backend} ({handle.selection.queue})")
-        if stream:
-            try:
-                for delta in handle.stream(timeout=timeout):
-                    print(delta, end="", flush=True)
-            except TimeoutError as exc:
-                console.print(f"\n[red]{exc}[/]; the job goes on: `ib result {handle.id}`")
-                raise typer.Exit(1) from None
-            print()
-        if wait:
-            print_results([handle.result(timeout=timeout)])
-    except JobError as exc:
-        fail(exc)
+    handle = client.submit({**job, "stream": stream})
+    console.print(f"job [bold]{handle.id}[/] → {handle.backend} ({handle.selection.queue})")
+    if stream:
+        try:
+            for delta in handle.stream(timeout=timeout):
+                print(delta, end="", flush=True)
+        except TimeoutError as exc:
+            console.print(f"\n[red]{exc}[/]; the job goes on: `ib result {handle.id}`")
+            raise typer.Exit(1) from None
+        print()
+    if wait:
+        print_results([handle.result(timeout=timeout)])
 
 
 @app.command()
 def result(job_id: str, timeout: float = 300) -> None:
     """Wait for a job and print its result."""
-    try:
-        print_results([_client().result(job_id, timeout=timeout)])
-    except JobError as exc:
-        fail(exc)
+    print_results([_client().result(job_id, timeout=timeout)])
 
 
 @app.command()

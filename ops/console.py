@@ -1,13 +1,12 @@
 """What the `ib` commands share, the way Celery's ``celery/bin/base.py`` serves its commands:
-the console, the broker connection with its one-line refusal, typed errors as one red
-line, SIGTERM handling, result printing and the batch progress bar. Commands import this,
-never each other."""
+the console, the broker connection with its one-line refusal, SIGTERM handling, result
+printing and the batch progress bar. Commands import this, never each other; a typed
+fleet error they let through is one red line at the entry point (ops.user_errors)."""
 
 from __future__ import annotations
 
 import signal
 import time
-from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -26,7 +25,7 @@ from rich.text import Text
 
 from dispatcher import connection
 from dispatcher.client import Client
-from dispatcher.jobs import JobError, JobResult
+from dispatcher.jobs import JobResult
 
 console = Console()
 
@@ -42,12 +41,6 @@ def broker_url() -> str:
 
 def client() -> Client:
     return Client(broker_url())
-
-
-def fail(exc: JobError) -> NoReturn:
-    """A typed fleet error as one red line naming it, and exit 1 (no traceback)."""
-    console.print(f"[red]{type(exc).__name__}:[/] {escape(str(exc))}")
-    raise typer.Exit(1)
 
 
 def _interrupt(*_: object) -> None:

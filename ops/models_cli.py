@@ -8,9 +8,8 @@ import typer
 from rich.table import Table
 
 from dispatcher.drafts import IncompatibleDraftError, check_draft
-from dispatcher.jobs import JobError
 from dispatcher.registry import ModelRegistry
-from ops.console import console, fail
+from ops.console import console
 from workers.model_prep import prepare
 
 app = typer.Typer(help="The ModelRegistry: list models, prepare derived formats.", no_args_is_help=True)
@@ -37,10 +36,7 @@ def models_prepare(
     force: bool = False,
 ) -> None:
     """Derive a format (e.g. HF safetensors from the shipped GGUF) into the data directory."""
-    try:
-        spec = ModelRegistry.from_config().get(name)
-    except JobError as exc:
-        fail(exc)
+    spec = ModelRegistry.from_config().get(name)
     with console.status(f"preparing {name} ({fmt})..."):
         path = prepare(spec, fmt, force=force)
     console.print(f"{name} {fmt}: {path}")
@@ -75,5 +71,3 @@ def _check_drafts(model: str, only: str | None = None) -> None:
     except IncompatibleDraftError as exc:
         console.print(f"[red]refused:[/] {exc}")
         raise typer.Exit(1) from None
-    except JobError as exc:
-        fail(exc)
