@@ -35,12 +35,13 @@ from dispatcher.jobs import (
     PathStep,
     Selection,
     UnknownBackendError,
+    check_context,
     parse_job,
     result_of,
 )
 from dispatcher.registry import ModelRegistry, load_backends
 from dispatcher.routing import profiles
-from dispatcher.routing.context import check_context, might_overflow, serving_window
+from dispatcher.routing.context import might_overflow, serving_window
 from dispatcher.routing.decision import apply_affinity, cap_affinity, decide
 from dispatcher.routing.prefix import PrefixHasher
 from dispatcher.store.hints import PrefixHints

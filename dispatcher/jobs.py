@@ -290,6 +290,18 @@ ERROR_TYPES: dict[str, type[JobError]] = {
 }
 
 
+def check_context(job: GenerationJob, prompt_tokens: int, window: int) -> None:
+    """ContextOverflowError if the prompt and ``max_tokens`` do not fit in ``window``."""
+    need = prompt_tokens + job.sampling.max_tokens
+    if need > window:
+        raise ContextOverflowError(
+            f"this model's context window is {window} tokens; the job needs {need}"
+            f" ({prompt_tokens} in the prompt + max_tokens {job.sampling.max_tokens}):"
+            " shorten the prompt or lower max_tokens",
+            {"context_length": window, "prompt_tokens": prompt_tokens, "max_tokens": job.sampling.max_tokens},
+        )
+
+
 def result_of(status: str, payload: dict[str, Any]) -> JobResult:
     """A job's final outcome (status, payload as the job record holds it) as its result;
     a failed job raises its typed JobError."""

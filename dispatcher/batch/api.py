@@ -31,9 +31,9 @@ from dispatcher import settings
 from dispatcher.batch.format import LineError, ParsedLine, parse_line
 from dispatcher.batch.input import LineProblem, NotJsonLinesError, read_lines
 from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, error_record, line_job_id
-from dispatcher.jobs import ContextOverflowError, JobError, Priority
+from dispatcher.jobs import ContextOverflowError, JobError, Priority, check_context
 from dispatcher.registry import ModelRegistry
-from dispatcher.routing.context import check_context, might_overflow, serving_window
+from dispatcher.routing.context import might_overflow, serving_window
 from dispatcher.routing.prefix import PrefixHasher
 from dispatcher.store.batchstore import FINAL_STATUSES, BatchStore, staged_entry
 from dispatcher.store.jobstore import JobStore

@@ -3,15 +3,16 @@
 The prompt is counted with the model's own tokenizer and chat template (the light path
 the prefix hints use, dispatcher.routing.prefix), against the window the job will be
 served with: the model's context length, or the chosen backend's smaller
-``max_model_len``. The worker's own check (workers.engines.base) stays as the last guard,
-for hosts without the tokenizer and for engines that count differently.
+``max_model_len``. The rule itself is the contract's (``dispatcher.jobs.check_context``);
+the worker applies it again (workers.engines.base) as the last guard, for hosts without
+the tokenizer and for engines that count differently.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.jobs import ContextOverflowError, GenerationJob
+from dispatcher.jobs import GenerationJob
 from dispatcher.registry import ModelSpec
 
 
@@ -39,15 +40,3 @@ def might_overflow(job: GenerationJob, window: int) -> bool:
         content = sum(len(m.content.encode()) for m in job.messages)
         bound = content + TEMPLATE_PREAMBLE_BYTES + TEMPLATE_PER_MESSAGE_BYTES * len(job.messages)
     return bound + job.sampling.max_tokens > window
-
-
-def check_context(job: GenerationJob, prompt_tokens: int, window: int) -> None:
-    """ContextOverflowError if the prompt and ``max_tokens`` do not fit in ``window``."""
-    need = prompt_tokens + job.sampling.max_tokens
-    if need > window:
-        raise ContextOverflowError(
-            f"this model's context window is {window} tokens; the job needs {need}"
-            f" ({prompt_tokens} in the prompt + max_tokens {job.sampling.max_tokens}):"
-            " shorten the prompt or lower max_tokens",
-            {"context_length": window, "prompt_tokens": prompt_tokens, "max_tokens": job.sampling.max_tokens},
-        )

@@ -17,7 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
-from dispatcher.jobs import ContextOverflowError, GenerationJob, JobTimeoutError
+from dispatcher.jobs import GenerationJob, JobTimeoutError, check_context
 from dispatcher.registry import BackendSpec, ModelSpec, SpeculativeConfig
 from workers.engines.decoding import first_stop
 from workers.engines.request import CancelSource, EngineOutput, EngineRequest, never_cancelled
@@ -147,17 +147,7 @@ class Engine(ABC, Generic[SpecT]):
         return cfg if (job.speculative or cfg.by_default) else None
 
     def check_context(self, job: GenerationJob, prompt_ids: list[int]) -> None:
-        need = len(prompt_ids) + job.sampling.max_tokens
-        if need > self.max_model_len:
-            raise ContextOverflowError(
-                f"this model's context window is {self.max_model_len} tokens; the job needs {need}"
-                f" ({len(prompt_ids)} in the prompt + max_tokens {job.sampling.max_tokens})",
-                {
-                    "context_length": self.max_model_len,
-                    "prompt_tokens": len(prompt_ids),
-                    "max_tokens": job.sampling.max_tokens,
-                },
-            )
+        check_context(job, len(prompt_ids), self.max_model_len)  # the submit-time check's rule, as the last guard
 
     def generate(
         self, job: GenerationJob, timeout: float | None = None, on_text: Callable[[str], None] | None = None
