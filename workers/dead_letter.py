@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-import uuid
 from typing import Any, TypeVar
 
 from celery.worker.consumer import Consumer
@@ -85,8 +83,6 @@ def dead_letter_task(
     Returns the id of the job it failed, if any."""
     info = getattr(request, "delivery_info", None) or {}
     letter = DeadLetter(
-        id=uuid.uuid4().hex[:16],
-        at=time.time(),
         reason="invalid_arguments",
         detail=exc.message,
         queue=info.get("routing_key"),

@@ -31,11 +31,11 @@ DEFAULT_CAP = 10_000
 
 @dataclass
 class DeadLetter:
-    id: str
-    at: float
     reason: str  # undecodable | unknown_task | invalid_task | invalid_arguments
     detail: str  # what went wrong, without the message body
     queue: str | None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    at: float = field(default_factory=time.time)
     task: str | None = None
     task_id: str | None = None
     body: str = ""  # as received: text, or base64 when it is not UTF-8 (body_encoding)
@@ -60,8 +60,6 @@ def letter_from_message(reason: str, detail: str, message: Any) -> DeadLetter:
     info = message.delivery_info or {}
     props = message.properties or {}
     return DeadLetter(
-        id=uuid.uuid4().hex[:16],
-        at=time.time(),
         reason=reason,
         detail=detail[:500],
         queue=info.get("routing_key"),

@@ -48,8 +48,7 @@ class OneAttempt:
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         self.attempt = 0
-        self.sent: list[str] = []  # what was given out, in pieces
-        self.sent_len = 0
+        self.sent = ""  # what was given out
         self.pos = 0  # characters of the current attempt seen so far
 
     def feed(self, attempt: int, text: str) -> str:
@@ -58,8 +57,8 @@ class OneAttempt:
             return ""  # a late entry of an earlier attempt
         if attempt > self.attempt:
             self.attempt, self.pos = attempt, 0
-        overlap = max(0, min(len(text), self.sent_len - self.pos))
-        if overlap and text[:overlap] != "".join(self.sent)[self.pos : self.pos + overlap]:
+        overlap = max(0, min(len(text), len(self.sent) - self.pos))
+        if overlap and text[:overlap] != self.sent[self.pos : self.pos + overlap]:
             raise StreamRestartedError(
                 f"job {self.job_id} was restarted on another worker (attempt {attempt}) and its new text "
                 "differs from what was already streamed; its final result has the new text",
@@ -67,9 +66,7 @@ class OneAttempt:
             )
         self.pos += len(text)
         new = text[overlap:]
-        if new:
-            self.sent.append(new)
-            self.sent_len += len(new)
+        self.sent += new
         return new
 
     def ends(self, attempt: int) -> bool:
