@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from functools import cache
 
+import redis
 from celery import Celery
 from kombu import Queue
 
@@ -40,6 +41,14 @@ def priority_queue_names(queue: str, steps: list[int]) -> list[str]:
     """The Redis lists a queue is kept in, one per priority step (kombu: ``<queue>:<step>``,
     the first step under the plain name)."""
     return [queue if pri == 0 else f"{queue}{PRIORITY_SEP}{pri}" for pri in steps]
+
+
+def queued(client: redis.Redis, queue: str, steps: list[int]) -> int:
+    """Messages waiting in a queue on the Redis transport, all priority steps (one round trip)."""
+    pipe = client.pipeline(transaction=False)
+    for name in priority_queue_names(queue, steps):
+        pipe.llen(name)
+    return sum(pipe.execute())
 
 
 def create_app(broker_url: str) -> Celery:

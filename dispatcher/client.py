@@ -23,7 +23,7 @@ from dispatcher.celery_app import (
     BrokerNotConfigured,
     get_app,
     message_priority,
-    priority_queue_names,
+    queued,
 )
 from dispatcher.fleet import FleetView, read_fleet
 from dispatcher.jobs import (
@@ -163,14 +163,8 @@ class Client:
         if sel.affinity_worker is None:
             return sel
         holder = next((w for w in fleet.workers if w.worker_id == sel.affinity_worker), None)
-        return cap_affinity(sel, self._queued(sel.queue), holder.capacity if holder else 1, self.policy)
-
-    def _queued(self, queue: str) -> int:
-        """Jobs waiting in a queue, all priority levels (one round trip)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for name in priority_queue_names(queue, self.priorities.steps()):
-            pipe.llen(name)
-        return sum(pipe.execute())
+        waiting = queued(self.redis, sel.queue, self.priorities.steps())
+        return cap_affinity(sel, waiting, holder.capacity if holder else 1, self.policy)
 
     # ------------------------------------------------------------- submitting
 

@@ -24,7 +24,7 @@ from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutting_down
 
 from dispatcher import connection, settings
-from dispatcher.celery_app import BrokerNotConfigured, get_app, own_queue_for, priority_queue_names, queue_for
+from dispatcher.celery_app import BrokerNotConfigured, get_app, own_queue_for, queue_for, queued
 from dispatcher.fleet import WorkerInfo
 from dispatcher.registry import ModelRegistry, backend_spec
 from dispatcher.store import keys
@@ -168,20 +168,12 @@ def run_worker(
         queues,
     )
     ready = False
-    own_lists = priority_queue_names(own_queue, cfg.priorities.steps()) if own_queue else []
-
-    def _own_queued() -> int | None:
-        """Jobs waiting in this worker's own queue: the autoscaler counts them (KEDA's list
-        scaler cannot, their names change with every pod)."""
-        if not own_lists:
-            return None
-        pipe = client.pipeline(transaction=False)
-        for name in own_lists:
-            pipe.llen(name)
-        return sum(pipe.execute())
 
     def _on_beat() -> None:
-        worker_metrics.sample(engine.in_flight, concurrency, beat.info.health, _own_queued())
+        # its own queue's depth: the autoscaler counts it (KEDA's list scaler cannot, the
+        # names change with every pod)
+        own_depth = queued(client, own_queue, cfg.priorities.steps()) if own_queue else None
+        worker_metrics.sample(engine.in_flight, concurrency, beat.info.health, own_depth)
         if ready:
             try:
                 gate.update(beat.info.health)
