@@ -12,6 +12,30 @@ from dispatcher.store import keys
 pytestmark = pytest.mark.integration
 
 
+# A consumer that takes messages and dies before it acks, rejects or restores them (and
+# before any in-flight record): they stay in the broker's unacked set. Prints, per message,
+# its task id and delivery tag.
+_TAKER = (
+    "import os, sys\n"
+    "from dispatcher.celery_app import get_app\n"
+    "with get_app(sys.argv[1]).connection_for_read() as conn:\n"
+    "    for _ in range(int(sys.argv[3])):\n"
+    "        m = conn.default_channel.basic_get(sys.argv[2], no_ack=False)\n"
+    "        print(m.headers['id'], m.delivery_tag, flush=True)\n"
+    "    os._exit(0)\n"
+)
+
+
+def take_and_die(url: str, queue: str, n: int = 1) -> list[tuple[str, str]]:
+    """(task id, delivery tag) of the ``n`` messages a dying consumer took from ``queue``."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _TAKER, url, queue, str(n)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return [tuple(line.split()) for line in out.stdout.splitlines()]
+
+
 def test_job_of_a_killed_worker_is_redelivered_and_completes_exactly_once(client, redis_url, hf_dir, reference):
     messages = [{"role": "user", "content": "Write a long poem about the ocean."}]
     first = start_worker(redis_url, "pytorch", extra_args=["--threads=1"])
@@ -47,8 +71,6 @@ def test_a_message_taken_but_never_recorded_is_put_back(client, redis_url):
     """A consumer that dies between taking a message and recording it (the window the
     in-flight records cannot cover) leaves it unacked and untracked: a live worker's
     sweep puts it back after two heartbeat TTLs, not the 2 h visibility timeout."""
-    import subprocess
-    import sys
     import uuid
 
     from dispatcher.jobs import GenerationJob, Selection
@@ -60,16 +82,7 @@ def test_a_message_taken_but_never_recorded_is_put_back(client, redis_url):
     job = GenerationJob(model="smollm2-135m", prompt="Say hi.", sampling={"max_tokens": 4}, backend="llamacpp")
     sel = client.decide(job, client.workers())
     client.enqueue([(job, Selection(**{**sel.model_dump(), "queue": own}))])
-    taker = (
-        "import os, sys\n"
-        "from dispatcher.celery_app import get_app\n"
-        "with get_app(sys.argv[1]).connection_for_read() as conn:\n"
-        "    m = conn.default_channel.basic_get(sys.argv[2], no_ack=False)\n"
-        "    print(m.headers['id'] if m is not None else '', flush=True)\n"
-        "    os._exit(0)  # no ack, no reject, no restore: the message stays in the unacked set\n"
-    )
-    taken = subprocess.run([sys.executable, "-c", taker, redis_url, own], capture_output=True, text=True, timeout=60)
-    assert taken.returncode == 0 and taken.stdout.strip() == job.id, taken.stdout + taken.stderr
+    assert [task_id for task_id, _ in take_and_die(redis_url, own)] == [job.id]
     assert client.status(job.id) == "queued"
     worker = start_worker(redis_url, "llamacpp", worker_id=worker_id, extra_args=["--threads=1"])
     try:
@@ -134,8 +147,6 @@ def test_the_unacked_sweep_drops_finished_jobs_and_leaves_other_apps_messages_al
     instead of delivering the job again; an unfinished one goes back to its queue; another
     Celery app's unacked message in the same database is not touched."""
     import json
-    import subprocess
-    import sys
     import uuid
 
     from dispatcher.client import Client
@@ -147,14 +158,7 @@ def test_the_unacked_sweep_drops_finished_jobs_and_leaves_other_apps_messages_al
         jobs = [GenerationJob(model="smollm2-135m", prompt=f"p{i}", backend="llamacpp") for i in range(2)]
         sel = client.decide(jobs[0], client.workers())
         client.enqueue([(j, Selection(**{**sel.model_dump(), "queue": own})) for j in jobs])
-        taker = (
-            "import os, sys\n"
-            "from dispatcher.celery_app import get_app\n"
-            "with get_app(sys.argv[1]).connection_for_read() as conn:\n"
-            "    for _ in range(2): conn.default_channel.basic_get(sys.argv[2], no_ack=False)\n"
-            "    os._exit(0)\n"
-        )
-        subprocess.run([sys.executable, "-c", taker, url, own], check=True, timeout=60)
+        assert len(take_and_die(url, own, 2)) == 2
         r = client.redis
 
         def waiting() -> list[str]:  # every priority level of the queue
@@ -215,8 +219,6 @@ def test_a_worker_restarted_under_the_same_id_puts_back_what_its_previous_proces
     """A pod restarted with the same name before its heartbeat expired: the old process's
     reserved job is neither held forever (its in-flight record says a live worker has it)
     nor taken for a duplicate of a run that no longer exists."""
-    import subprocess
-    import sys
     import uuid
 
     from dispatcher.jobs import GenerationJob, Selection
@@ -226,16 +228,10 @@ def test_a_worker_restarted_under_the_same_id_puts_back_what_its_previous_proces
     job = GenerationJob(model="smollm2-135m", prompt="Say hi.", sampling={"max_tokens": 4}, backend="llamacpp")
     sel = client.decide(job, client.workers())
     client.enqueue([(job, Selection(**{**sel.model_dump(), "queue": own}))])
-    taker = (  # the previous process: took the message, recorded it, started the job, died
-        "import os, sys\n"
-        "from dispatcher.celery_app import get_app\n"
-        "with get_app(sys.argv[1]).connection_for_read() as conn:\n"
-        "    m = conn.default_channel.basic_get(sys.argv[2], no_ack=False)\n"
-        "    print(m.delivery_tag, flush=True)\n"
-        "    os._exit(0)\n"
-    )
-    tag = subprocess.run([sys.executable, "-c", taker, redis_url, own], capture_output=True, text=True, timeout=60)
-    client.redis.hset(keys.inflight(worker_id), job.id, tag.stdout.strip())
+    # the previous process: took the message, recorded it, started the job, died
+    ((taken_id, tag),) = take_and_die(redis_url, own)
+    assert taken_id == job.id
+    client.redis.hset(keys.inflight(worker_id), job.id, tag)
     assert client.store.begin(job.id, worker_id).attempt == 1
     client.redis.set(keys.worker(worker_id), "{}", px=60_000)  # its heartbeat has not expired yet
     worker = start_worker(redis_url, "llamacpp", worker_id=worker_id, extra_args=["--threads=1"])
