@@ -45,7 +45,7 @@ from dispatcher.store.jobstore import LineRecord
 from ops.broker import EmbeddedBroker
 from ops.localfleet import WorkerProcess
 from workers.engines import create_engine
-from workers.model_prep import prepare
+from workers.models.prepare import prepare
 
 console = Console()
 MODEL = "smollm2-135m"

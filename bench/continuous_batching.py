@@ -32,7 +32,7 @@ from dispatcher.client import Client
 from dispatcher.registry import ModelRegistry
 from ops.broker import EmbeddedBroker
 from ops.localfleet import LlamaCppServer, WorkerProcess
-from workers.model_prep import prepare
+from workers.models.prepare import prepare
 
 console = Console()
 TOPICS = ["rivers", "bridges", "owls", "tea", "glaciers", "chess", "bees", "lanterns"]

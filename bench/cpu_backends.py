@@ -40,7 +40,7 @@ from dispatcher.registry import ModelRegistry
 from ops.broker import EmbeddedBroker
 from ops.localfleet import WorkerProcess
 from workers import hardware
-from workers.model_prep import prepare
+from workers.models.prepare import prepare
 
 console = Console()
 SUBJECTS = ["the sea", "a city", "winter", "a robot", "coffee", "mountains", "a library", "the moon"]

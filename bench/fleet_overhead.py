@@ -37,7 +37,7 @@ from dispatcher.registry import ModelRegistry, load_backends
 from ops.broker import EmbeddedBroker
 from ops.localfleet import WorkerProcess
 from workers import hardware
-from workers.model_prep import prepare
+from workers.models.prepare import prepare
 
 console = Console()
 TOPICS = ["the sea", "a city", "winter", "a robot", "coffee", "mountains", "a library", "the moon"]

@@ -24,7 +24,7 @@ from dispatcher.registry import ModelRegistry
 from ops.broker import EmbeddedBroker
 from ops.localfleet import WorkerProcess
 from workers import hardware
-from workers.model_prep import prepare
+from workers.models.prepare import prepare
 
 PROMPTS = [
     "What is the capital of France?",

@@ -35,7 +35,7 @@ from bench import report
 from dispatcher.jobs import GenerationJob
 from dispatcher.registry import ModelRegistry, load_backends
 from workers.engines import create_engine
-from workers.model_prep import prepare
+from workers.models.prepare import prepare
 
 console = Console()
 MODEL = "smollm2-135m"

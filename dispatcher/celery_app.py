@@ -1,8 +1,13 @@
 """The one Celery app and its queue topology.
 
 JSON only (never pickle); acks late and rejected-on-worker-lost, so a job whose worker
-dies goes back to the queue. One queue per backend (``ib.<backend>``), and one per worker
-(``ib.<backend>.<worker>``) for jobs sent to it for the prompt prefix it holds.
+dies goes back to the queue. One shared queue per backend and model, and one per worker
+for jobs sent to it for the prompt prefix it holds:
+
+    ib.<backend>                  the registry's default model (a one-model fleet's queues
+                                  keep their names whatever else is registered)
+    ib.<backend>@<model>          any other model: a worker takes only jobs for the model it loaded
+    <shared queue>.<worker id>    a worker's own queue
 """
 
 from __future__ import annotations
@@ -27,14 +32,22 @@ class BrokerNotConfigured(RuntimeError):
     pass
 
 
-def queue_for(backend: str) -> str:
-    """A backend's shared queue."""
-    return f"{QUEUE_PREFIX}{backend}"
+MODEL_SEP = "@"
 
 
-def own_queue_for(backend: str, worker_id: str) -> str:
-    """A worker's own queue (prefix-affinity sends; swept to the shared one if it dies)."""
-    return f"{queue_for(backend)}.{worker_id}"
+def queue_for(backend: str, model: str | None = None) -> str:
+    """The shared queue of a backend for a model (None: the registry's default model)."""
+    return f"{QUEUE_PREFIX}{backend}" + (f"{MODEL_SEP}{model}" if model else "")
+
+
+def own_queue_for(backend: str, worker_id: str, model: str | None = None) -> str:
+    """A worker's own queue (prefix-affinity sends; swept to its shared queue if it dies)."""
+    return own_queue_of(queue_for(backend, model), worker_id)
+
+
+def own_queue_of(shared: str, worker_id: str) -> str:
+    """The own queue of a worker that consumes ``shared``."""
+    return f"{shared}.{worker_id}"
 
 
 def priority_queue_names(queue: str, steps: list[int]) -> list[str]:

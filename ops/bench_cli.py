@@ -19,7 +19,7 @@ from ops.console import console
 from ops.localfleet import WorkerProcess, free_port
 from ops.profile_bench import measure_backend
 from ops.profile_docs import write as write_docs
-from workers.model_prep import prepare
+from workers.models.prepare import prepare
 
 app = typer.Typer(help="Benchmarks that feed the fleet's own decisions.", no_args_is_help=True)
 # What `--start` runs here, one at a time (a CPU host: the GPU-only engines need a server or a GPU).

@@ -19,7 +19,7 @@ from dispatcher.registry import ModelRegistry
 from ops.broker import EmbeddedBroker
 from ops.console import console, print_results, watch_batch
 from ops.localfleet import GatewayProcess, LlamaCppServer, WorkerProcess
-from workers.model_prep import prepare
+from workers.models.prepare import prepare
 
 DEMO_PROMPTS = [
     "What is the capital of France?",

@@ -36,6 +36,7 @@ class WorkerProcess:
         log_dir: Path | None = None,
     ) -> None:
         self.backend = backend
+        self.model = model
         self.redis_url = redis_url
         self.worker_id = worker_id or f"{backend}-{uuid.uuid4().hex[:8]}"
         self.args = [

@@ -1,6 +1,7 @@
 """`ib up`: a whole fleet on this host, for as long as the command runs.
 
-Starts (unless ``REDIS_URL`` points at one) the embedded broker, one worker per backend,
+Starts (unless ``REDIS_URL`` points at one) the embedded broker, one worker per backend
+and model (each worker serves one model; a backend that cannot run a model is skipped),
 Flower with basic auth, the OpenAI-compatible gateway (``--serve``), and one Prometheus
 endpoint for every worker it started: the workers share a ``PROMETHEUS_MULTIPROC_DIR`` and
 this process serves the sum (their own ``worker`` label keeps them apart). Ctrl-C or SIGTERM
@@ -17,6 +18,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
 from dispatcher import connection
+from dispatcher.jobs import UnsupportedByBackendError
+from dispatcher.registry import ModelRegistry, load_backends
 from ops.broker import EmbeddedBroker
 from ops.flower import FlowerProcess
 from ops.localfleet import GatewayProcess, WorkerProcess, free_port
@@ -34,7 +37,7 @@ def serve_host_metrics(port: int, multiproc_dir: Path, addr: str = "127.0.0.1") 
 @dataclass
 class LocalFleet:
     backends: list[str]
-    model: str = "smollm2-135m"
+    models: list[str] = field(default_factory=lambda: ["smollm2-135m"])
     flower_port: int | None = None  # None: no Flower
     flower_auth: str | None = None
     metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
@@ -68,9 +71,9 @@ class LocalFleet:
             self.multiproc_dir = Path(tempfile.mkdtemp(prefix="ib-metrics-"))
             env[MULTIPROC_ENV] = str(self.multiproc_dir)
             self.metrics_port = serve_host_metrics(self.metrics_port, self.multiproc_dir, self.host)
-        for backend in self.backends:
+        for backend, model in self.pairs():
             w = WorkerProcess(
-                backend, url, model=self.model, extra_args=self.worker_args.get(backend), env=env, log_dir=self.log_dir
+                backend, url, model=model, extra_args=self.worker_args.get(backend), env=env, log_dir=self.log_dir
             )
             self.workers.append(w.start())
         for w in self.workers:
@@ -84,6 +87,16 @@ class LocalFleet:
         if self.serve_port is not None:
             gateway = GatewayProcess(url, port=self.serve_port or None, host=self.host, log_dir=self.log_dir)
             self.gateway = gateway.start()
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(backend, model) for every worker to start: each model on each backend that can run it."""
+        registry, specs = ModelRegistry.from_config(), load_backends()
+        runnable = {m: registry.get(m).runnable_on(specs) for m in self.models}
+        pairs = [(b, m) for m in self.models for b in self.backends if b in runnable[m]]
+        if not pairs:
+            backends, models = ", ".join(self.backends), ", ".join(self.models)
+            raise UnsupportedByBackendError(f"none of {backends} can run {models} (`ib models show`)")
+        return pairs
 
     def stop(self) -> None:
         if self.gateway is not None:  # first: no new requests while the workers drain

@@ -24,7 +24,10 @@ def up(
             "--backend", help=f"one of {', '.join(BACKENDS)}; repeat for more (default: {', '.join(CPU_BACKENDS)})"
         ),
     ] = None,
-    model: Annotated[str, typer.Option(help="registered model name")] = "smollm2-135m",
+    model: Annotated[
+        list[str] | None,
+        typer.Option(help="registered model name; repeat to serve several (a worker each)"),
+    ] = None,
     flower: Annotated[bool, typer.Option(help="start Flower")] = True,
     flower_port: Annotated[int | None, typer.Option(help="Flower's port (default: flower.port)")] = None,
     metrics_port: Annotated[
@@ -44,7 +47,7 @@ def up(
         auth = shown_auth = generated_auth()
     fleet = LocalFleet(
         backends=backend or CPU_BACKENDS,
-        model=model,
+        models=model or ["smollm2-135m"],
         flower_port=(flower_port or cfg.flower.port) if flower else None,
         flower_auth=auth,
         metrics_port=cfg.metrics.host_port if metrics_port is None else metrics_port,
@@ -60,7 +63,7 @@ def up(
         table.add_column("where")
         table.add_row("broker", fleet.redis_url.split("@")[-1])
         for w in fleet.workers:
-            table.add_row(f"{w.backend} worker", f"{w.worker_id} (log {w.log_path})")
+            table.add_row(f"{w.backend} worker ({w.model})", f"{w.worker_id} (log {w.log_path})")
         if fleet.flower is not None:
             table.add_row("Flower", fleet.flower.url + ("" if shown_auth is None else f" (user:password {shown_auth})"))
         table.add_row("metrics", f"http://127.0.0.1:{fleet.metrics_port}/metrics")

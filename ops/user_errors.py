@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from dispatcher import connection
 from dispatcher.jobs import JobError
+from dispatcher.models.sources import SourceError
 from ops.console import console
 
 
@@ -31,6 +32,8 @@ def explain(exc: BaseException) -> tuple[str, int] | None:
     """(the line to print, exit code) for a user's mistake; None for a bug."""
     if isinstance(exc, JobError):
         return f"[red]{type(exc).__name__}:[/] {escape(str(exc))}", 1
+    if isinstance(exc, SourceError):
+        return f"[red]refused:[/] {escape(str(exc))}", 1
     if isinstance(exc, redis.AuthenticationError):
         return f"[red]the broker refused the password:[/] {escape(str(exc))}; check REDIS_URL or REDIS_PASSWORD", 2
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
@@ -46,6 +49,8 @@ def explain(exc: BaseException) -> tuple[str, int] | None:
             1,
         )
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        if exc.filename is None:  # raised with a message of ours (it names the fix)
+            return f"[red]{type(exc).__name__}:[/] {escape(str(exc))}", 1
         return f"[red]{escape(exc.strerror or type(exc).__name__)}:[/] {escape(str(exc.filename))}", 1
     return None
 

@@ -50,14 +50,14 @@ def registry():
 
 @pytest.fixture(scope="session")
 def hf_dir(registry) -> Path:
-    from workers.model_prep import prepare
+    from workers.models.prepare import prepare
 
     return prepare(registry.get("smollm2-135m"), "hf")
 
 
 @pytest.fixture(scope="session")
 def onnx_dir(registry, hf_dir) -> Path:
-    from workers.model_prep import prepare
+    from workers.models.prepare import prepare
 
     return prepare(registry.get("smollm2-135m"), "onnx")
 

@@ -26,11 +26,12 @@ _GAUGE = {"multiprocess_mode": "livemax"}  # one series per worker label, gone w
 
 
 class WorkerMetrics:
-    def __init__(self, backend: str, worker: str, registry: CollectorRegistry = REGISTRY) -> None:
-        self.labels = {"backend": backend, "worker": worker}
-        lbl = ["backend", "worker"]
+    def __init__(self, backend: str, worker: str, model: str, registry: CollectorRegistry = REGISTRY) -> None:
+        # a worker serves one model: every series says which (dashboards split by model)
+        self.labels = {"backend": backend, "worker": worker, "model": model}
+        lbl = ["backend", "worker", "model"]
         r = registry
-        self.jobs = Counter("ib_jobs", "Jobs finished, by status", [*lbl, "model", "status"], registry=r)
+        self.jobs = Counter("ib_jobs", "Jobs finished, by status", [*lbl, "status"], registry=r)
         self.queue_wait = Histogram(
             "ib_queue_wait_seconds", "Submit to start of run", lbl, buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -79,7 +80,7 @@ class WorkerMetrics:
 
     def observe(self, result: JobResult) -> None:
         lbl = self.labels
-        self.jobs.labels(**lbl, model=result.model, status=result.status).inc()
+        self.jobs.labels(**lbl, status=result.status).inc()
         t = result.timings
         self.queue_wait.labels(**lbl).observe(t.queue_wait_s)
         if t.ttft_s is not None:
@@ -95,8 +96,8 @@ class WorkerMetrics:
             if spec.get(f"{kind}_tokens") is not None:
                 self.speculative.labels(**lbl, kind=kind).inc(int(spec[f"{kind}_tokens"]))
 
-    def observe_failure(self, model: str) -> None:
-        self.jobs.labels(**self.labels, model=model, status="failed").inc()
+    def observe_failure(self) -> None:
+        self.jobs.labels(**self.labels, status="failed").inc()
 
     def sample(self, in_flight: int, capacity: int, health: Health, own_queued: int | None = None) -> None:
         lbl = self.labels

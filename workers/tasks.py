@@ -146,7 +146,7 @@ def build_result(
 
 def _record_failure(rt: Runtime, job: GenerationJob, exc: JobError) -> None:
     if rt.metrics is not None:
-        rt.metrics.observe_failure(job.model)
+        rt.metrics.observe_failure()
     rt.store.finish(job.id, "failed", exc.to_dict(), line=line_record(job, exc))
 
 

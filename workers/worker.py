@@ -26,6 +26,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from dispatcher import connection, settings
 from dispatcher.celery_app import BrokerNotConfigured, get_app, own_queue_for, queue_for, queued
 from dispatcher.fleet import WorkerInfo
+from dispatcher.jobs import UnsupportedByBackendError
 from dispatcher.registry import ModelRegistry, backend_spec
 from dispatcher.store import keys
 from dispatcher.store.dead_letters import DeadLetters
@@ -38,6 +39,7 @@ from workers.dead_letter import consumer_class
 from workers.engines import create_engine
 from workers.health import ConsumeGate, HealthMonitor
 from workers.heartbeat import Heartbeat
+from workers.models.prepare import prepare
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,10 @@ def run_worker(
         format=fmt or next((f for f in bspec.formats if f in spec.formats()), bspec.formats[0]),
         **({"endpoint": endpoint} if endpoint else {}),
     )
+    if backend in spec.unsupported:
+        raise UnsupportedByBackendError(f"{spec.name} cannot run on {backend}: {spec.unsupported[backend]}")
+    if engine_spec.format in spec.artifacts:  # a Hub artifact is downloaded now, never during a job
+        prepare(spec, engine_spec.format)
     worker_id = worker_id or default_worker_id(backend, hw.kind)
     threads = threads or hw.cpu_cores
     cancels = CancelWatcher(store.cancelled).start()
@@ -97,18 +103,18 @@ def run_worker(
     engine.load()
     concurrency = concurrency or engine.capacity
 
-    queues = [queue_for(backend)]
+    queues = [queue_for(backend, spec.queue_model)]
     own_queue = None
     if connection.is_redis_broker(app.conf.broker_url):
         # Its own queue, for prefix-affinity sends (swept to the shared one if it dies), read
         # first at each priority: a job sent here for its prefix must not wait behind the
         # whole shared queue. With RabbitMQ a durable queue per worker would outlive it,
         # so jobs use the shared queue.
-        own_queue = own_queue_for(backend, worker_id)
+        own_queue = own_queue_for(backend, worker_id, spec.queue_model)
         queues.insert(0, own_queue)
     # Flower and `celery inspect` show node names: say the backend and hardware there too.
     nodename = f"{worker_id}@{backend}-{hw.kind}.{socket.gethostname()}"
-    worker_metrics = metrics.WorkerMetrics(backend, worker_id)
+    worker_metrics = metrics.WorkerMetrics(backend, worker_id, spec.name)
     metrics_port = cfg.metrics.port if metrics_port is None else metrics_port
     own_port = None  # under `ib up` (multiprocess mode) the host's one endpoint serves them
     if metrics_port and not metrics.multiprocess_mode():

@@ -14,9 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.celery_app import own_queue_for, queue_for
+from dispatcher.celery_app import own_queue_of, queue_for
 from dispatcher.fleet import FleetView, WorkerInfo
-from dispatcher.jobs import BACKENDS, GenerationJob, NoLiveWorkerError, PathStep, Selection, UnsupportedByBackendError
+from dispatcher.jobs import (
+    BACKENDS,
+    GenerationJob,
+    JobValidationError,
+    NoLiveWorkerError,
+    PathStep,
+    Selection,
+    UnsupportedByBackendError,
+)
 from dispatcher.registry import BackendSpec, ModelSpec, SpeculativeConfig
 from dispatcher.routing.profiles import ProfileBook
 from dispatcher.settings import DecisionPolicy
@@ -94,8 +102,14 @@ def decide(
     profile: ProfileBook | None = None,
 ) -> Selection:
     """Pick the backend, queue and engine config for one job. Pure: no I/O."""
+    if job.messages is not None and not model.chat:
+        raise JobValidationError(
+            f"{model.name} has no chat template (a base model): send a prompt "
+            "(/v1/completions, or prompt= in the client), not messages",
+            {"model": model.name},
+        )
     formats = model.formats()
-    runnable = {b: f for b in BACKENDS for f in backends[b].formats if f in formats}
+    runnable = model.runnable_on({b: backends[b] for b in BACKENDS})
     path = [
         PathStep(
             check="formats",
@@ -103,13 +117,23 @@ def decide(
             detail="runnable on " + ", ".join(runnable) if runnable else "no backend can run them",
         )
     ]
+    if model.unsupported:
+        path.append(
+            PathStep(
+                check="architecture",
+                answer=model.architecture or model.family,
+                detail="; ".join(f"{b}: {why}" for b, why in model.unsupported.items()),
+            )
+        )
 
     if job.backend is not None:
         if job.backend not in runnable:
-            raise UnsupportedByBackendError(
+            why = model.unsupported.get(job.backend) or (
                 f"backend {job.backend} needs a {needs(backends[job.backend])} artifact; "
-                f"{model.name} has {', '.join(formats) or 'none'} "
-                f"(backends that can run it: {', '.join(runnable) or 'none'})",
+                f"{model.name} has {', '.join(formats) or 'none'}"
+            )
+            raise UnsupportedByBackendError(
+                f"{why} (backends that can run {model.name}: {', '.join(runnable) or 'none'})",
                 {"backend": job.backend, "formats": list(formats), "runnable": list(runnable)},
             )
         choice = tree_choice = job.backend
@@ -121,19 +145,16 @@ def decide(
         choice = tree_choice
         if choice not in runnable:
             alternatives = [b for b in policy.fallback_order.get(choice, []) if b in runnable]
+            why = model.unsupported.get(tree_choice) or (
+                f"{tree_choice} needs {needs(backends[tree_choice])}, which {model.name} lacks"
+            )
             if not alternatives:
                 raise UnsupportedByBackendError(
-                    f"{model.name} cannot run on {tree_choice} and no fallback can run its formats",
+                    f"{model.name} cannot run on {tree_choice} ({why}) and no fallback can run it",
                     {"backend": tree_choice, "formats": list(formats)},
                 )
             choice = alternatives[0]
-            path.append(
-                PathStep(
-                    check="format constraint",
-                    answer=choice,
-                    detail=f"{tree_choice} needs {needs(backends[tree_choice])}, which {model.name} lacks",
-                )
-            )
+            path.append(PathStep(check="format constraint", answer=choice, detail=why))
 
     if job.backend is None and policy.policy == "profile":
         choice = _profile_choice(job, model, fleet, policy, runnable, choice, profile, path)
@@ -144,7 +165,7 @@ def decide(
     config = spec.model_copy(update={"max_model_len": model.context_length, "speculative": speculative}).engine_config()
     return Selection(
         backend=choice,
-        queue=queue_for(choice),
+        queue=queue_for(choice, model.queue_model),
         model=model.name,
         format=runnable[choice],
         config=config,
@@ -316,7 +337,7 @@ def apply_affinity(
         return sel.model_copy(update={**update, "path": [*sel.path, step]})
     if best is not None and best[0] >= policy.prefix_min_blocks:
         score, blocks, w = best
-        update |= {"queue": own_queue_for(sel.backend, w.worker_id), "affinity_worker": w.worker_id}
+        update |= {"queue": own_queue_of(sel.queue, w.worker_id), "affinity_worker": w.worker_id}
         step = PathStep(
             check="prefix affinity",
             answer=w.worker_id,

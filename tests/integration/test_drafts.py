@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def draft_dir(registry, hf_dir):
-    from workers.model_prep import prepare
+    from workers.models.prepare import prepare
 
     return prepare(registry.get("smollm2-135m-draft"), "hf")
 

@@ -145,9 +145,10 @@ def test_every_backend_scales_on_each_of_its_priority_queues():
     from workers.metrics import WorkerMetrics
 
     registry = CollectorRegistry()
-    metrics = WorkerMetrics("llamacpp", "w1", registry=registry)
+    metrics = WorkerMetrics("llamacpp", "w1", "smollm2-135m", registry=registry)
     metrics.sample(0, 8, Health(), own_queued=5)
-    assert registry.get_sample_value("ib_own_queue_jobs", {"backend": "llamacpp", "worker": "w1"}) == 5
+    labels = {"backend": "llamacpp", "worker": "w1", "model": "smollm2-135m"}
+    assert registry.get_sample_value("ib_own_queue_jobs", labels) == 5
 
 
 def test_workers_drain_on_sigterm_and_take_secrets_from_a_secret():

@@ -20,15 +20,17 @@ import sys
 import time
 from pathlib import Path
 
+from dispatcher.models import sources
 from dispatcher.registry import Derivation, ModelRegistry, ModelSpec
 
 log = logging.getLogger(__name__)
 
 
 def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
-    """Make ``fmt`` available for ``spec``; returns its folder. Idempotent."""
+    """Make ``fmt`` available for ``spec``; returns its folder. Idempotent. An artifact
+    from the Hub is downloaded here (once, into its cache), never by a running job."""
     if fmt in spec.artifacts:
-        return spec.artifact_path(fmt)
+        return sources.fetch(sources.parse(spec.artifacts[fmt].source))
     if fmt not in spec.derive:
         raise ValueError(f"{spec.name}: no way to derive {fmt} (derivable: {', '.join(spec.derive) or 'none'})")
     target = spec.prepared_dir(fmt)

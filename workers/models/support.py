@@ -1,0 +1,140 @@
+"""Which engines can run a model, asked of the engines' own packages: transformers'
+auto-model table (PyTorch eager; TGI serves what transformers knows), vLLM's model
+registry, llama.cpp's GGUF architectures (gguf-py, llama.cpp's own Python half), and
+onnxruntime-genai's model builder. Asked once, by ``ib models add``; the answer is
+written into the registry entry so the decision tree refuses a backend with the reason,
+instead of a worker failing at load.
+
+Formats a model lacks are derived where a converter exists here: GGUF → HF through
+transformers' own GGUF loader (it de-quantizes the architectures it lists), HF → ONNX
+through the builder. HF → GGUF is not derived: llama.cpp's ``convert_hf_to_gguf.py`` is
+not part of the llama-cpp-python wheel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from workers.models.facts import ModelFacts
+
+log = logging.getLogger(__name__)
+
+ONNX_PRECISIONS = {"onnx": "fp32", "onnx-int4": "int4"}
+
+
+@dataclass
+class Capabilities:
+    """What an added model can be served as: the derivations to register, the backends
+    that cannot run it (with why), and whether transformers knows it natively."""
+
+    derive: dict[str, dict[str, str]] = field(default_factory=dict)
+    unsupported: dict[str, str] = field(default_factory=dict)
+    hf_native: bool = False
+    hf_model_type: str | None = None  # of the HF weights, given or derived
+    hf_architecture: str | None = None
+
+
+def capabilities(facts: ModelFacts) -> Capabilities:
+    caps = Capabilities()
+    arch = facts.architecture
+    has_hf = facts.format == "hf"
+    if has_hf:
+        caps.hf_model_type, caps.hf_architecture = arch, facts.hf_architecture
+    else:
+        caps.hf_model_type = _gguf_to_hf_model_type(arch)
+        if caps.hf_model_type is not None:
+            caps.derive["hf"] = {"from": "gguf", "dtype": "float32"}
+            caps.hf_architecture = _causal_lm_class(caps.hf_model_type)
+            has_hf = True
+    caps.hf_native = caps.hf_model_type is not None and _causal_lm_class(caps.hf_model_type) is not None
+
+    # llama.cpp: a GGUF of an architecture it knows
+    if facts.format == "gguf":
+        if arch not in _gguf_architectures():
+            caps.unsupported["llamacpp"] = f"llama.cpp does not know the GGUF architecture {arch!r}"
+    else:
+        caps.unsupported["llamacpp"] = (
+            f"llama.cpp cannot run {arch} from hf: no GGUF and no derivation here "
+            "(convert it with llama.cpp's convert_hf_to_gguf.py and add the .gguf)"
+        )
+
+    # transformers engines: HF weights of a causal LM it knows
+    if not has_hf:
+        why = f"no HF weights for {arch}, and transformers cannot de-quantize a {arch} GGUF"
+        caps.unsupported |= {"pytorch": why, "tgi": why, "vllm": why}
+    elif not caps.hf_native:
+        why = f"transformers has no causal-LM class for {caps.hf_model_type!r}"
+        caps.unsupported |= {"pytorch": why, "tgi": why}
+
+    if has_hf and "vllm" not in caps.unsupported:
+        known = _vllm_architectures()
+        if known is not None and caps.hf_architecture not in known:
+            caps.unsupported["vllm"] = f"vLLM's model registry has no {caps.hf_architecture}"
+
+    # ONNX Runtime: the builder's architectures, from HF weights
+    if has_hf and caps.hf_architecture in _onnx_builder_architectures():
+        for fmt, precision in ONNX_PRECISIONS.items():
+            caps.derive[fmt] = {"from": "hf", "precision": precision}
+    else:
+        caps.unsupported["onnx"] = (
+            f"onnxruntime-genai's model builder cannot export {caps.hf_architecture or arch}"
+            if has_hf
+            else f"no HF weights for {arch} to export to ONNX"
+        )
+    return caps
+
+
+def _gguf_to_hf_model_type(arch: str) -> str | None:
+    """The transformers model type a GGUF of ``arch`` de-quantizes to; None where
+    transformers' GGUF loader does not list the architecture. The loader builds the
+    text-only model where transformers has one beside a multimodal class (gemma3 →
+    gemma3_text)."""
+    try:
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    except ImportError:
+        return None
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        return None
+    return next((t for t in (f"{arch}_text", arch) if _causal_lm_class(t) is not None), None)
+
+
+@cache
+def _causal_lm_class(model_type: str) -> str | None:
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return None
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+
+
+@cache
+def _gguf_architectures() -> frozenset[str]:
+    import gguf
+
+    return frozenset(gguf.MODEL_ARCH_NAMES.values())
+
+
+@cache
+def _vllm_architectures() -> frozenset[str] | None:
+    """vLLM's text-generation model classes; None where vLLM is not installed (not checked)."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    return frozenset(ModelRegistry.get_supported_archs())
+
+
+@cache
+def _onnx_builder_architectures() -> frozenset[str]:
+    """The HF classes onnxruntime-genai's builder has a branch for (read from its source:
+    it has no list to import)."""
+    spec = importlib.util.find_spec("onnxruntime_genai.models.builder")
+    if spec is None or spec.origin is None:
+        return frozenset()
+    source = Path(spec.origin).read_text()
+    return frozenset(re.findall(r'config\.architectures\[0\] == "(\w+)"', source))
