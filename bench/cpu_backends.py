@@ -1,10 +1,12 @@
 """CPU backends side by side, through the fleet, in one run.
 
-    python -m bench.cpu_backends [--prompts 32] [--max-tokens 64] [--threads 2] [--in-flight 16]
+    python -m bench.cpu_backends [--model smollm2-135m] [--formats hf,gguf,onnx,onnx-int4]
+                                 [--prompts 32] [--max-tokens 64] [--threads 2] [--in-flight 16]
 
-For each backend (PyTorch eager fp32, llama.cpp Q4_1, ONNX Runtime fp32 and int4) one
-`ib worker` is started alone on this machine and given the same 32 chat prompts, greedy,
-64 new tokens:
+For each backend (PyTorch eager fp32, llama.cpp on the GGUF, ONNX Runtime fp32 and int4)
+that can run the model, one `ib worker` is started alone on this machine and given the
+same 32 prompts (chat prompts; plain completion prompts for a model without a chat
+template), greedy, 64 new tokens:
 
 * single stream: one job at a time; TTFT (from submit, what a client sees) p50/p95, the
   decode rate (tokens after the first / time since the first), median, and the
@@ -36,7 +38,8 @@ from rich.table import Table
 from bench import report
 from dispatcher import settings
 from dispatcher.client import Client
-from dispatcher.registry import ModelRegistry
+from dispatcher.jobs import JobResult
+from dispatcher.registry import ModelRegistry, ModelSpec, load_backends
 from ops.broker import EmbeddedBroker
 from ops.localfleet import WorkerProcess
 from workers import hardware
@@ -50,10 +53,10 @@ ASKS = [
     "Give one fact about {}.",
     "Why do people like {}?",
 ]
-# (label, backend, artifact format served)
+# (label, backend, artifact format served); llama.cpp's label gets the GGUF's quantization
 BACKENDS = [
     ("PyTorch eager fp32", "pytorch", "hf"),
-    ("llama.cpp Q4_1", "llamacpp", "gguf"),
+    ("llama.cpp", "llamacpp", "gguf"),
     ("ONNX Runtime fp32", "onnx", "onnx"),
     ("ONNX Runtime int4", "onnx", "onnx-int4"),
 ]
@@ -89,19 +92,32 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def chat_job(backend: str, text: str, max_tokens: int, system: str | None = None) -> dict:
+MODEL = "smollm2-135m"
+
+
+def chat_job(backend: str, text: str, max_tokens: int, system: str | None = None, model: str = MODEL) -> dict:
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    return {"model": "smollm2-135m", "messages": messages, "sampling": {"max_tokens": max_tokens}, "backend": backend}
+    return {"model": model, "messages": messages, "sampling": {"max_tokens": max_tokens}, "backend": backend}
 
 
-def measure(client: Client, backend: str, texts: list[str], max_tokens: int, in_flight: int) -> dict:
-    client.submit(chat_job(backend, texts[0], max_tokens)).result(timeout=300)  # warm-up
+def job_for(model: ModelSpec, backend: str, text: str, max_tokens: int) -> dict:
+    """A chat job, or for a base model (no chat template) the same text as a prompt."""
+    if model.chat:
+        return chat_job(backend, text, max_tokens, model=model.name)
+    return {"model": model.name, "prompt": text + "\n", "sampling": {"max_tokens": max_tokens}, "backend": backend}
+
+
+def measure(client: Client, model: ModelSpec, backend: str, texts: list[str], max_tokens: int, in_flight: int) -> dict:
+    def run(text: str, timeout: float) -> JobResult:
+        return client.submit(job_for(model, backend, text, max_tokens)).result(timeout=timeout)
+
+    run(texts[0], 300)  # warm-up
     t0 = time.perf_counter()
-    single = [client.submit(chat_job(backend, t, max_tokens)).result(timeout=300) for t in texts]
+    single = [run(t, 300) for t in texts]
     single_wall = time.perf_counter() - t0
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=in_flight) as pool:
-        saturated = list(pool.map(lambda t: client.submit(chat_job(backend, t, max_tokens)).result(timeout=900), texts))
+        saturated = list(pool.map(lambda t: run(t, 900), texts))
     wall = time.perf_counter() - t0
     ttfts = [r.timings.ttft_s * 1000 for r in single]
     one_at_a_time = sum(r.usage.completion_tokens for r in single) / single_wall
@@ -117,15 +133,19 @@ def measure(client: Client, backend: str, texts: list[str], max_tokens: int, in_
     }
 
 
-def measure_prefix_reuse(client: Client, backend: str, texts: list[str]) -> dict:
+def measure_prefix_reuse(client: Client, backend: str, texts: list[str], model: str = MODEL) -> dict:
     """TTFT with a shared ~500-token system prompt (reused) vs a unique one (cold), alternating."""
-    client.submit(chat_job(backend, texts[0], 1, SYSTEM)).result(timeout=300)  # the shared prefix, evaluated once
+    client.submit(chat_job(backend, texts[0], 1, SYSTEM, model)).result(
+        timeout=300
+    )  # the shared prefix, evaluated once
     warm, cold = [], []
     for i, t in enumerate(texts[:16]):
         cold.append(
-            client.submit(chat_job(backend, t, 1, f"[session {i} {time.time_ns()}] " + SYSTEM)).result(timeout=300)
+            client.submit(chat_job(backend, t, 1, f"[session {i} {time.time_ns()}] " + SYSTEM, model)).result(
+                timeout=300
+            )
         )
-        warm.append(client.submit(chat_job(backend, t, 1, SYSTEM)).result(timeout=300))
+        warm.append(client.submit(chat_job(backend, t, 1, SYSTEM, model)).result(timeout=300))
     cold_ms = statistics.median(r.timings.ttft_s * 1000 for r in cold)
     warm_ms = statistics.median(r.timings.ttft_s * 1000 for r in warm)
     return {
@@ -139,6 +159,8 @@ def measure_prefix_reuse(client: Client, backend: str, texts: list[str]) -> dict
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=MODEL, help="a registered model (`ib models add` for your own)")
+    ap.add_argument("--formats", default="hf,gguf,onnx,onnx-int4", help="which rows: the formats served")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
@@ -146,8 +168,15 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
 
-    spec = ModelRegistry.from_config().get("smollm2-135m")
-    for _, _, fmt in BACKENDS:
+    spec = ModelRegistry.from_config().get(args.model)
+    runnable = spec.runnable_on(load_backends())
+    wanted = args.formats.split(",")
+    subjects = [
+        (f"llama.cpp {spec.artifacts['gguf'].quantization or ''}".strip() if b == "llamacpp" else label, b, fmt)
+        for label, b, fmt in BACKENDS
+        if fmt in wanted and b in runnable and fmt in spec.formats()
+    ]
+    for _, _, fmt in subjects:
         prepare(spec, fmt)
     texts = prompts(args.prompts)
     broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "bench-broker").start(announce=False)
@@ -155,24 +184,26 @@ def main() -> int:
     prefix: dict = {}
     try:
         client = Client(broker.url)
-        for label, backend, fmt in BACKENDS:
+        for label, backend, fmt in subjects:
             extra = [f"--threads={args.threads}"] + ([f"--format={fmt}"] if backend == "onnx" else [])
-            worker = WorkerProcess(backend, broker.url, extra_args=extra).start()
+            worker = WorkerProcess(backend, broker.url, model=spec.name, extra_args=extra).start()
             try:
                 worker.wait_ready(timeout=300)
                 console.print(f"[bold]{label}[/]: {len(texts)} prompts x {args.max_tokens} tokens ...")
-                rows[label] = measure(client, backend, texts, args.max_tokens, args.in_flight)
-                if backend == "llamacpp":
-                    prefix = measure_prefix_reuse(client, backend, texts)
+                rows[label] = measure(client, spec, backend, texts, args.max_tokens, args.in_flight)
+                if backend == "llamacpp" and spec.chat:
+                    prefix = measure_prefix_reuse(client, backend, texts, spec.name)
                 rows[label]["peak_rss_mb"] = peak_rss_mb(worker.proc.pid)
             finally:
                 worker.stop()
     finally:
         broker.stop()
 
-    base = rows["PyTorch eager fp32"]["aggregate_tok_s"]
+    base_label = next(iter(rows))
+    base = rows[base_label]["aggregate_tok_s"]
     table = Table(
-        title=f"CPU backends: {args.prompts} chat prompts, greedy, {args.max_tokens} new tokens, "
+        title=f"CPU backends, {spec.name}: {args.prompts} {'chat' if spec.chat else 'completion'} prompts, "
+        f"greedy, {args.max_tokens} new tokens, "
         f"{args.threads} threads, {args.in_flight} in flight"
     )
     for col in (
@@ -183,7 +214,7 @@ def main() -> int:
         "tok/s one at a time",
         f"aggregate tok/s ({args.in_flight} in flight)",
         "vs one at a time",
-        "vs PyTorch",
+        f"vs {base_label}",
         "worker peak RSS",
     ):
         table.add_column(col, justify="right")

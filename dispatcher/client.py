@@ -39,7 +39,7 @@ from dispatcher.jobs import (
     parse_job,
     result_of,
 )
-from dispatcher.registry import ModelRegistry, load_backends
+from dispatcher.registry import LiveRegistry, ModelRegistry, load_backends
 from dispatcher.routing import profiles
 from dispatcher.routing.context import might_overflow, serving_window
 from dispatcher.routing.decision import apply_affinity, cap_affinity, decide
@@ -97,7 +97,7 @@ class Client:
             raise BrokerNotConfigured("no broker configured: pass redis_url or set REDIS_URL")
         self.redis = connection.redis_client(url, resilient=resilient)
         self.app = get_app(url)
-        self.registry = registry or ModelRegistry.from_config()
+        self.registry = registry or LiveRegistry()  # picks up `ib models add` while it runs
         cfg = settings.fleet_config()
         self.policy = cfg.decision
         self.backends = load_backends()

@@ -49,6 +49,7 @@ class ModelSpec(BaseModel):
     revision: str | None = None  # the weights' version: prefix hashes of two revisions never match
     chat: bool = True
     license: str | None = None
+    license_files: list[str] = Field(default_factory=list)  # beside the weights (terms of use)
     artifacts: dict[str, Artifact] = Field(default_factory=dict)
     derive: dict[str, Derivation] = Field(default_factory=dict)
     # Speculative decoding: the registered draft models of this one (same vocabulary and
@@ -174,6 +175,23 @@ class ModelRegistry:
     def drafts_for(self, name: str) -> list[ModelSpec]:
         """The draft models registered for ``name`` (compatibility: dispatcher.drafts)."""
         return [self.models[d] for d in self.get(name).drafts]
+
+
+class LiveRegistry(ModelRegistry):
+    """The registry as the files say now: re-read when the user's registry file changes,
+    so a long-running client or gateway serves a model `ib models add` registered after
+    it started (one stat per look-up; bundled config changes still need a restart)."""
+
+    def __init__(self) -> None:
+        self._stamp = user_file.stamp()  # before reading: a change while reading is seen next time
+        self._models = ModelRegistry.from_config().models
+
+    @property  # type: ignore[override]
+    def models(self) -> dict[str, ModelSpec]:
+        now = user_file.stamp()
+        if now != self._stamp:
+            self._models, self._stamp = ModelRegistry.from_config().models, now
+        return self._models
 
 
 # ---------------------------------------------------------------- backends

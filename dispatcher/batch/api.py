@@ -330,7 +330,8 @@ class Batches:
         for name, candidates in by_model.items():
             model = self.registry.get(name)
             window = serving_window(model)
-            lines = [p for p in candidates if might_overflow(p.job, window)]
+            # messages for a model without a chat template are refused line by line when decided
+            lines = [p for p in candidates if might_overflow(p.job, window) and (model.chat or p.job.messages is None)]
             counts = self.tokens.count_many([p.job for p in lines], model) if lines else None
             for p, n in zip(lines, counts or []):
                 try:

@@ -29,6 +29,15 @@ def path() -> Path:
 _cache: dict[Path, tuple[float, dict[str, Any]]] = {}
 
 
+def stamp() -> tuple[str, int] | None:
+    """What changes when the file does (its path and mtime); None without a file."""
+    file = path()
+    try:
+        return str(file), file.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
 def read() -> dict[str, Any]:
     """Name → entry, as written (re-read when the file changes; {} without a file)."""
     file = path()

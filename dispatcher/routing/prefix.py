@@ -75,14 +75,16 @@ class PromptTokenizer:
         template = cfg.get("chat_template")
         if template is None and (folder / "chat_template.jinja").exists():
             template = (folder / "chat_template.jinja").read_text()
-        if not isinstance(template, str):
-            raise ValueError(f"{folder}: no chat template")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        self.template = env.from_string(template)
+        self.template = None  # a base model: prompts only (the dispatcher refuses messages for it)
+        if isinstance(template, str):
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self.template = env.from_string(template)
         self.special = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
 
     def render(self, messages: list[dict]) -> str:
+        if self.template is None:
+            raise ValueError("the model has no chat template: send a prompt")
         return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:

@@ -190,3 +190,61 @@ def test_selection_carries_engine_config():
     assert sel.config["batching"] == "continuous"
     assert sel.config["prefix_caching"] is True
     assert "formats" not in sel.config
+
+
+# ---------------------------------------------------------------- models added by users
+
+ADDED = ModelRegistry.from_config(
+    {
+        "models": {
+            "all": MODELS.models["all"].model_dump(exclude={"name"}, by_alias=True),
+            "base-gemma": {
+                "display_name": "a base model whose architecture vLLM lacks",
+                "family": "gemma3",
+                "architecture": "gemma3",
+                "hf_native": True,
+                "chat": False,
+                "context_length": 32768,
+                "artifacts": {"gguf": {"source": "/g.gguf"}},
+                "derive": {"hf": {"from": "gguf"}},
+                "unsupported": {"vllm": "vLLM's model registry has no Gemma3ForCausalLM"},
+            },
+        }
+    }
+)
+
+
+def test_a_backend_that_cannot_run_the_architecture_is_never_picked_and_the_path_says_why():
+    fleet = FleetView(workers=[worker("vllm", True, "base-gemma"), worker("tgi", True, "base-gemma")])
+    sel = decide(
+        GenerationJob(model="base-gemma", prompt="The capital of France is", slo={"throughput_target_tok_s": 5000}),
+        ADDED.get("base-gemma"),
+        fleet,
+        POLICY.model_copy(update={"no_worker_policy": "fallback", "policy": "tree"}),
+        BACKENDS,
+    )
+    assert sel.tree_choice == "vllm" and sel.backend == "tgi"  # the tree's vLLM cannot run gemma3 here
+    constraint = next(s for s in sel.path if s.check == "format constraint")
+    assert "no Gemma3ForCausalLM" in constraint.detail
+    assert sel.queue == "ib.tgi@base-gemma"  # not the default model: its own queue
+    with pytest.raises(UnsupportedByBackendError, match="no Gemma3ForCausalLM"):
+        decide(
+            GenerationJob(model="base-gemma", prompt="x", backend="vllm"),
+            ADDED.get("base-gemma"),
+            fleet,
+            POLICY,
+            BACKENDS,
+        )
+
+
+def test_messages_for_a_model_without_a_chat_template_are_refused_at_submit():
+    from dispatcher.jobs import JobValidationError
+
+    with pytest.raises(JobValidationError, match="send a prompt"):
+        decide(
+            GenerationJob(model="base-gemma", messages=[{"role": "user", "content": "hi"}]),
+            ADDED.get("base-gemma"),
+            EVERYONE,
+            POLICY,
+            BACKENDS,
+        )

@@ -32,12 +32,23 @@ class ModelFacts(BaseModel):
     parameters: int | None = None
     dtype: str | None = None  # torch dtype of HF weights, or the GGUF's quantization
     license: str | None = None
+    license_files: list[str] = []  # LICENSE / NOTICE / terms files shipped beside the weights
     display_name: str | None = None
     size_bytes: int
 
 
+LICENSE_FILES = ("LICENSE*", "LICENCE*", "NOTICE*", "*TERMS*", "USE_POLICY*")
+
+
 def read_facts(path: Path) -> ModelFacts:
     """The facts of a model folder or a GGUF file; NotAModelError if it is neither."""
+    facts = _read(path)
+    folder = path if path.is_dir() else path.parent
+    found = {p.name for pattern in LICENSE_FILES for p in folder.glob(pattern) if p.is_file()}
+    return facts.model_copy(update={"license_files": sorted(found)})
+
+
+def _read(path: Path) -> ModelFacts:
     if path.is_dir():
         if (path / "config.json").exists():
             return _hf_facts(path)
