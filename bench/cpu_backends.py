@@ -157,6 +157,13 @@ def measure_prefix_reuse(client: Client, backend: str, texts: list[str], model: 
     }
 
 
+def gguf_type(spec: ModelSpec) -> str:
+    """The GGUF's quantization: the shipped file's, or what the HF → GGUF converter writes."""
+    if "gguf" in spec.artifacts:
+        return spec.artifacts["gguf"].quantization or ""
+    return spec.derive["gguf"].precision or "" if "gguf" in spec.derive else ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=MODEL, help="a registered model (`ib models add` for your own)")
@@ -172,7 +179,7 @@ def main() -> int:
     runnable = spec.runnable_on(load_backends())
     wanted = args.formats.split(",")
     subjects = [
-        (f"llama.cpp {spec.artifacts['gguf'].quantization or ''}".strip() if b == "llamacpp" else label, b, fmt)
+        (f"llama.cpp {gguf_type(spec)}".strip() if b == "llamacpp" else label, b, fmt)
         for label, b, fmt in BACKENDS
         if fmt in wanted and b in runnable and fmt in spec.formats()
     ]

@@ -111,7 +111,7 @@ class ModelSpec(BaseModel):
         if fmt in self.derive:
             path = self.prepared_dir(fmt)
             if (path / ".complete").exists():
-                return path
+                return path / "model.gguf" if fmt == "gguf" else path  # llama.cpp loads a file
             raise FileNotFoundError(
                 f"{self.name}: format {fmt} is not prepared yet: run `ib models prepare {self.name}`"
             )

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from dispatcher import connection, settings
 from dispatcher.client import Client
-from dispatcher.registry import ModelRegistry
+from dispatcher.registry import ModelRegistry, load_backends
 from ops.broker import EmbeddedBroker
 from ops.console import console, print_results, watch_batch
 from ops.localfleet import GatewayProcess, LlamaCppServer, WorkerProcess
@@ -101,6 +101,54 @@ def run_batch_demo(client: Client, max_tokens: int, n_lines: int = 24) -> None:
     console.print(f"results: {n_out} lines → {out_dir / 'out.jsonl'}, {n_err} errors → {out_dir / 'errors.jsonl'}")
 
 
+def run_own_model_demo(url: str) -> None:
+    """Bring your own model: a second model (Gemma 3 270M, a base GGUF) registered with
+    `ib models add` from its file, its metadata read from the file, then served by a
+    llama.cpp worker of its own beside the SmolLM2 one: completions only (no chat template)."""
+    from ops.sample_models import gemma_gguf
+
+    console.print("\n[bold]your own model[/]: `ib models add gemma3-270m --from <its .gguf>`")
+    try:
+        path = gemma_gguf()
+    except FileNotFoundError as exc:
+        console.print(f"    skipped: {exc}")
+        return
+    registry_file = settings.data_dir() / "demo-models.yaml"  # the demo's own user registry
+    env = {**os.environ, "IB_MODELS_FILE": str(registry_file), "REDIS_URL": url, "COLUMNS": "100"}
+    add = [sys.executable, "-m", "ops.cli", "models", "add", "gemma3-270m", "--from", str(path), "--replace"]
+    out = subprocess.run(add, env=env, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"ib models add failed: {out.stdout[-1000:]}{out.stderr[-1000:]}")
+    before = os.environ.get("IB_MODELS_FILE")
+    os.environ["IB_MODELS_FILE"] = str(registry_file)
+    spec = ModelRegistry.from_config().get("gemma3-270m")
+    console.print(
+        f"    read from the file: {spec.architecture}, {spec.parameters / 1e6:.0f}M parameters, {spec.dtype}, "
+        f"context {spec.context_length}, vocabulary {spec.vocab_size}, chat template: "
+        f"{'yes' if spec.chat else 'no (completions only)'}, licence {spec.license} "
+        f"({', '.join(spec.license_files)} beside it); runs on {', '.join(spec.runnable_on(load_backends()))}",
+        highlight=False,
+    )
+    worker = WorkerProcess("llamacpp", url, model="gemma3-270m", extra_args=["--threads=1"], env=env).start()
+    try:
+        with console.status(f"starting a llama.cpp worker for gemma3-270m (log: {worker.log_path})..."):
+            worker.wait_ready(timeout=300)
+        with Client(url) as client:
+            prompts = ["The capital of France is Paris. The capital of Italy is", "Water boils at"]
+            handles = [client.submit(model="gemma3-270m", prompt=p, sampling={"max_tokens": 12}) for p in prompts]
+            for p, h in zip(prompts, handles):
+                r = h.result(timeout=300)
+                console.print(
+                    f"    {escape(p)}[green]{escape(r.text)}[/]  [dim]({r.worker}, queue {h.selection.queue})[/]"
+                )
+    finally:
+        worker.stop()
+        if before is None:
+            os.environ.pop("IB_MODELS_FILE", None)
+        else:
+            os.environ["IB_MODELS_FILE"] = before
+
+
 def run_gateway_demo(url: str) -> None:
     """`ib serve` in front of the same fleet, driven by an unmodified OpenAI SDK script."""
     key = "ib-demo-" + secrets.token_urlsafe(12)
@@ -155,6 +203,7 @@ def run_demo(n_prompts: int = 12, max_tokens: int = 48) -> int:
                 results = [h.result(timeout=600) for h in handles]
             print_results(results, labels)
             run_batch_demo(client, max_tokens)
+        run_own_model_demo(url)
         run_gateway_demo(url)
         return 0
     except Exception as exc:  # noqa: BLE001 - the demo reports, then cleans up

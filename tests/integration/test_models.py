@@ -114,7 +114,7 @@ def test_the_entries_are_read_from_the_models_own_files(added, hf_dir, gemma_ggu
     config = json.loads((hf_dir / "config.json").read_text())
     assert local["context_length"] == config["max_position_embeddings"] and local["chat"] is True
     assert local["vocab_size"] == 49152 and 134e6 < local["parameters"] < 136e6
-    assert "no GGUF and no derivation" in local["unsupported"]["llamacpp"]
+    assert local["unsupported"] == {} and local["derive"]["gguf"] == {"from": "hf", "precision": "q8_0"}
     assert added[HUB]["revision"] == f"hf-{COMMIT}" and added[HUB]["source"] == f"hf:{HUB_REPO}"
 
 
@@ -125,7 +125,7 @@ def test_ib_models_list_and_show(redis_url, added):
     assert "gemma3" in row and "268M" in row and "llamacpp" in row
     shown = ib("models", "show", LOCAL, redis_url=redis_url)
     assert shown.returncode == 0, shown.stderr
-    assert "llama.cpp cannot run llama from hf" in shown.stdout
+    assert "gguf" in shown.stdout and "derived from hf" in shown.stdout and "yes (gguf)" in shown.stdout
     gemma = ib("models", "show", GEMMA, redis_url=redis_url).stdout
     assert "GEMMA_TERMS.html" in gemma and "completions (prompt) only" in gemma
 
@@ -151,12 +151,12 @@ def test_jobs_for_each_model_reach_a_worker_that_serves_it(client, fleet):
 
 
 def test_a_model_added_from_a_local_folder_is_greedy_equal_to_transformers_on_it(client, fleet, reference):
-    """The tree sends it to llama.cpp, which cannot run it (no GGUF); the fallback lands on
-    the PyTorch worker serving it; its greedy tokens equal transformers' own."""
+    """The tree sends it to llama.cpp, which has no live worker for it; the fallback lands
+    on the PyTorch worker serving it; its greedy tokens equal transformers' own."""
     messages = chat("Name three colours.")
     r = client.submit(model=LOCAL, messages=messages, sampling={"max_tokens": 16}).result(timeout=120)
     assert r.worker == fleet[LOCAL].worker_id and r.backend == "pytorch"
-    assert any("no GGUF and no derivation" in step.detail for step in r.path)
+    assert any(f"no live llamacpp worker for {LOCAL}" in step.detail for step in r.path), r.path
     assert r.token_ids == reference(messages, 16)
 
 
@@ -165,6 +165,33 @@ def test_a_model_added_from_an_offline_hub_id_is_served(client, fleet, reference
     r = client.submit(model=HUB, messages=messages, sampling={"max_tokens": 12}).result(timeout=120)
     assert r.worker == fleet[HUB].worker_id and r.model == HUB
     assert r.token_ids == reference(messages, 12)
+
+
+def test_a_gguf_converted_from_the_local_folder_is_served_by_llama_cpp(client, redis_url, fleet, reference):
+    """HF → GGUF (q8_0) through llama.cpp's own converter (`ib models prepare --format
+    gguf`), then a llama.cpp worker of its own for the added model: the same tokens in,
+    and greedy decoding that starts like transformers' own on the fp32 weights (q8_0 and
+    fp32 part after a few tokens on this model: the shipped Q4_1 GGUF does the same)."""
+    out = ib("models", "prepare", LOCAL, "--format", "gguf", redis_url=redis_url)
+    assert out.returncode == 0, out.stdout + out.stderr
+    from workers.models.facts import read_facts
+
+    facts = read_facts(client.registry.get(LOCAL).artifact_path("gguf"))
+    assert (facts.format, facts.architecture, facts.dtype, facts.vocab_size) == ("gguf", "llama", "Q8_0", 49152)
+    worker = start_worker(redis_url, "llamacpp", model=LOCAL, extra_args=["--threads=1"])
+    try:
+        messages = chat("Name three colours.")
+        r = client.submit(model=LOCAL, messages=messages, sampling={"max_tokens": 8}, backend="llamacpp").result(
+            timeout=120
+        )
+        expected = reference(messages, 8)
+        assert r.worker == worker.worker_id
+        assert r.usage.prompt_tokens == len(
+            reference.tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+        )
+        assert r.token_ids[:4] == expected[:4], (r.text, reference.tokenizer.decode(expected))
+    finally:
+        worker.stop()
 
 
 def test_heartbeats_and_ib_workers_say_each_workers_model(client, fleet, redis_url):
@@ -180,7 +207,7 @@ def test_ib_explain_shows_the_decision_per_model(redis_url, fleet):
     assert gemma.returncode == 0, gemma.stderr
     assert f"ib.llamacpp@{GEMMA}" in gemma.stdout and f"llamacpp serving {GEMMA}" in gemma.stdout
     local = ib("explain", "--model", LOCAL, redis_url=redis_url)
-    assert "llama.cpp cannot run llama from hf" in local.stdout and f"ib.pytorch@{LOCAL}" in local.stdout
+    assert f"no live llamacpp worker for {LOCAL}" in local.stdout and f"ib.pytorch@{LOCAL}" in local.stdout
     chat_to_base = ib("explain", "--model", GEMMA, "-m", "hi", redis_url=redis_url)
     assert chat_to_base.returncode == 1 and "send a prompt" in chat_to_base.stdout
     assert "Traceback" not in chat_to_base.stdout + chat_to_base.stderr
@@ -211,11 +238,24 @@ def test_a_batch_mixing_models_completes_with_one_error_line(client, fleet, tmp_
     assert error["code"] == "validation_error" and "send a prompt" in error["message"], error
 
 
-def test_ib_up_starts_a_worker_per_model_on_each_backend_that_can_run_it(added):
+def test_ib_up_starts_a_worker_per_model_on_each_backend_that_can_run_it(added, user_models):
+    from dispatcher.jobs import UnsupportedByBackendError
     from ops.up import LocalFleet
 
-    pairs = LocalFleet(backends=["llamacpp", "pytorch"], models=[SMOL, LOCAL, GEMMA]).pairs()
-    assert pairs == [("llamacpp", SMOL), ("pytorch", SMOL), ("pytorch", LOCAL), ("llamacpp", GEMMA), ("pytorch", GEMMA)]
+    pairs = LocalFleet(backends=["llamacpp", "pytorch"], models=[SMOL, GEMMA]).pairs()
+    assert pairs == [("llamacpp", SMOL), ("pytorch", SMOL), ("llamacpp", GEMMA), ("pytorch", GEMMA)]
+    models = yaml.safe_load(user_models.read_text())
+    entry = models["models"][GEMMA]
+    models["models"]["gemma-no-torch"] = {**entry, "unsupported": {"pytorch": "a test says so"}}
+    before = user_models.read_text()
+    user_models.write_text(yaml.safe_dump(models))
+    try:
+        fleet = LocalFleet(backends=["llamacpp", "pytorch"], models=[SMOL, "gemma-no-torch"])
+        assert fleet.pairs() == [("llamacpp", SMOL), ("pytorch", SMOL), ("llamacpp", "gemma-no-torch")]
+        with pytest.raises(UnsupportedByBackendError, match="none of pytorch can run gemma-no-torch"):
+            LocalFleet(backends=["pytorch"], models=["gemma-no-torch"]).pairs()
+    finally:
+        user_models.write_text(before)
 
 
 @pytest.mark.parametrize(

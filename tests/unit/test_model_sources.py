@@ -161,7 +161,12 @@ def test_an_architecture_nobody_knows_is_unsupported_on_every_backend_with_its_r
     caps = capabilities(read_facts(_hf_folder(tmp_path, "mystery", "MysteryForCausalLM")))
     assert set(caps.unsupported) == {"pytorch", "tgi", "vllm", "llamacpp", "onnx"}
     assert "no causal-LM class for 'mystery'" in caps.unsupported["pytorch"]
-    assert "no GGUF and no derivation" in caps.unsupported["llamacpp"]
+    assert "llama.cpp's converter has no MysteryForCausalLM" in caps.unsupported["llamacpp"]
     assert "cannot export MysteryForCausalLM" in caps.unsupported["onnx"]
     known = capabilities(read_facts(_hf_folder(tmp_path, "llama", "LlamaForCausalLM")))
-    assert set(known.unsupported) == {"llamacpp"} and set(known.derive) == {"onnx", "onnx-int4"}
+    assert known.unsupported == {}  # llama.cpp through its own HF → GGUF converter (make install unpacks it)
+    assert known.derive == {
+        "gguf": {"from": "hf", "precision": "q8_0"},
+        "onnx": {"from": "hf", "precision": "fp32"},
+        "onnx-int4": {"from": "hf", "precision": "int4"},
+    }

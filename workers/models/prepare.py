@@ -3,6 +3,9 @@
 HF safetensors → ONNX (fp32, int4): onnxruntime-genai's model builder, run as a
 subprocess.
 
+HF safetensors → GGUF (q8_0): llama.cpp's own convert_hf_to_gguf.py, from the sdist the
+wheel is built from (scripts/llamacpp_wheel.sh unpacks it), run as a subprocess.
+
 GGUF → HF safetensors: transformers de-quantizes the GGUF; the result is flagged as
 quantized and refuses ``save_pretrained``, so its weights are copied into a fresh model
 built from the same config, then saved with the tokenizer (and its chat template). The
@@ -24,6 +27,7 @@ from dispatcher.models import sources
 from dispatcher.registry import Derivation, ModelRegistry, ModelSpec
 
 log = logging.getLogger(__name__)
+GGUF_FILE = "model.gguf"  # a derived GGUF's name in its folder (ModelSpec.artifact_path finds it)
 
 
 def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
@@ -35,14 +39,19 @@ def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
         raise ValueError(f"{spec.name}: no way to derive {fmt} (derivable: {', '.join(spec.derive) or 'none'})")
     target = spec.prepared_dir(fmt)
     if (target / ".complete").exists() and not force:
-        return target
+        return spec.artifact_path(fmt)
     how = spec.derive[fmt]
     source_fmt = how.from_
     if how.model is not None:  # another model's format (a draft derived from its target)
         source = prepare(ModelRegistry.from_config().get(how.model), source_fmt)
     else:
         source = prepare(spec, source_fmt)
-    builders = {("gguf", "hf"): _gguf_to_hf, ("hf", "onnx"): _hf_to_onnx, ("hf", "onnx-int4"): _hf_to_onnx}
+    builders = {
+        ("gguf", "hf"): _gguf_to_hf,
+        ("hf", "onnx"): _hf_to_onnx,
+        ("hf", "onnx-int4"): _hf_to_onnx,
+        ("hf", "gguf"): _hf_to_gguf,
+    }
     build = (
         _first_layers
         if how.layers is not None and (source_fmt, fmt) == ("hf", "hf")
@@ -63,7 +72,7 @@ def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     log.info("prepared %s %s in %.1f s: %s", spec.name, fmt, time.monotonic() - t0, target)
-    return target
+    return spec.artifact_path(fmt)
 
 
 def _gguf_to_hf(gguf: Path, out: Path, how: Derivation) -> None:
@@ -101,6 +110,21 @@ def _first_layers(hf: Path, out: Path, how: Derivation) -> None:
         model.config.layer_types = model.config.layer_types[: how.layers]
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(hf).save_pretrained(out)
+
+
+def _hf_to_gguf(hf: Path, out: Path, how: Derivation) -> None:
+    """llama.cpp's converter (it puts its own gguf-py first on its path)."""
+    from workers.models.support import converter_dir
+
+    folder = converter_dir()
+    if folder is None:
+        raise FileNotFoundError("llama.cpp's converter is not unpacked here: run scripts/llamacpp_wheel.sh")
+    outfile = out / GGUF_FILE
+    cmd = [sys.executable, str(folder / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(outfile)]
+    cmd += ["--outtype", how.precision or "q8_0"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0 or not outfile.exists():
+        raise RuntimeError(f"GGUF conversion failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
 
 
 def _hf_to_onnx(hf: Path, out: Path, how: Derivation) -> None:

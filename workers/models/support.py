@@ -7,8 +7,9 @@ instead of a worker failing at load.
 
 Formats a model lacks are derived where a converter exists here: GGUF → HF through
 transformers' own GGUF loader (it de-quantizes the architectures it lists), HF → ONNX
-through the builder. HF → GGUF is not derived: llama.cpp's ``convert_hf_to_gguf.py`` is
-not part of the llama-cpp-python wheel.
+through the builder, HF → GGUF (q8_0) through llama.cpp's own ``convert_hf_to_gguf.py``
+for the architectures it registers; the converter is not in the llama-cpp-python wheel,
+so scripts/llamacpp_wheel.sh unpacks it from the same sdist into the data directory.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from workers.models.facts import ModelFacts
 log = logging.getLogger(__name__)
 
 ONNX_PRECISIONS = {"onnx": "fp32", "onnx-int4": "int4"}
+GGUF_FROM_HF = "q8_0"  # the converter's near-lossless type (f16/bf16/f32 are the others)
 
 
 @dataclass
@@ -53,15 +55,21 @@ def capabilities(facts: ModelFacts) -> Capabilities:
             has_hf = True
     caps.hf_native = caps.hf_model_type is not None and _causal_lm_class(caps.hf_model_type) is not None
 
-    # llama.cpp: a GGUF of an architecture it knows
+    # llama.cpp: a GGUF of an architecture it knows, given or converted from HF weights
     if facts.format == "gguf":
         if arch not in _gguf_architectures():
             caps.unsupported["llamacpp"] = f"llama.cpp does not know the GGUF architecture {arch!r}"
-    else:
+    elif converter_dir() is None:
         caps.unsupported["llamacpp"] = (
-            f"llama.cpp cannot run {arch} from hf: no GGUF and no derivation here "
-            "(convert it with llama.cpp's convert_hf_to_gguf.py and add the .gguf)"
+            f"llama.cpp cannot run {arch} from hf: no GGUF, and llama.cpp's converter is not unpacked here "
+            "(scripts/llamacpp_wheel.sh does it), or add a .gguf of it"
         )
+    elif facts.hf_architecture not in _converter_architectures():
+        caps.unsupported["llamacpp"] = (
+            f"llama.cpp cannot run {arch} from hf: no GGUF, and llama.cpp's converter has no {facts.hf_architecture}"
+        )
+    else:
+        caps.derive["gguf"] = {"from": "hf", "precision": GGUF_FROM_HF}
 
     # transformers engines: HF weights of a causal LM it knows
     if not has_hf:
@@ -138,3 +146,31 @@ def _onnx_builder_architectures() -> frozenset[str]:
         return frozenset()
     source = Path(spec.origin).read_text()
     return frozenset(re.findall(r'config\.architectures\[0\] == "(\w+)"', source))
+
+
+def converter_dir() -> Path | None:
+    """llama.cpp's HF → GGUF converter, unpacked by scripts/llamacpp_wheel.sh for the
+    installed llama-cpp-python; None where it is not."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from dispatcher import settings
+
+    try:
+        folder = settings.data_dir() / f"llama.cpp-convert-{version('llama-cpp-python')}"
+    except PackageNotFoundError:
+        return None
+    return folder if (folder / "convert_hf_to_gguf.py").exists() else None
+
+
+@cache
+def _converter_architectures() -> frozenset[str]:
+    """The HF classes the converter registers (``@ModelBase.register("...")``; it has no
+    list to import without importing torch and every model class)."""
+    folder = converter_dir()
+    if folder is None:
+        return frozenset()
+    names: set[str] = set()
+    for path in [folder / "convert_hf_to_gguf.py", *(folder / "conversion").glob("*.py")]:
+        for args in re.findall(r"ModelBase\.register\(([^)]*)\)", path.read_text()):
+            names |= set(re.findall(r'"(\w+)"', args))
+    return frozenset(names)
