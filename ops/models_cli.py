@@ -48,8 +48,9 @@ def models_add(
     parsed = sources.parse(source)
     if parsed.kind == "path":  # the registry file outlives the shell's working directory
         parsed = sources.Source("path", str(Path(parsed.location).expanduser().resolve()))
-    with console.status(f"fetching {parsed}..."):
-        path = sources.fetch(parsed)
+    if parsed.kind == "hf":  # huggingface_hub draws its own progress bars
+        console.print(f"fetching {parsed} (config, tokenizer, safetensors) into the Hugging Face cache...")
+    path = sources.fetch(parsed)
     with console.status(f"reading {path.name}..."):
         facts = read_facts(path)
         caps = capabilities(facts)

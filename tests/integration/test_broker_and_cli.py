@@ -81,7 +81,9 @@ def test_a_users_mistake_is_one_line_naming_the_fix_and_a_non_zero_exit(redis_ur
 
 def test_ib_models_list(redis_url):
     out = ib("models", "list", redis_url=redis_url)
-    assert out.returncode == 0 and "smollm2-135m" in out.stdout and "derived from gguf" in out.stdout
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if "smollm2-135m (default)" in line)
+    assert "gguf (present)" in row and "pytorch, vllm, tgi, llamacpp, onnx" in row
 
 
 def test_ib_submit_and_workers_against_a_live_worker(redis_url, pytorch_worker):

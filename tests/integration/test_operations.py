@@ -140,7 +140,8 @@ def test_metrics_of_every_worker_move_with_real_jobs(client, fleet_up):
         assert total(after, "ib_worker_healthy", worker=worker_id) == 1
         assert total(after, "ib_engine_memory_bytes", worker=worker_id, kind="rss") > 50 * 2**20
         assert total(after, "ib_capacity_sequences", worker=worker_id) >= 1
-        assert ("ib_running_sequences", frozenset({"backend": backend, "worker": worker_id}.items())) in after
+        labels = {"backend": backend, "worker": worker_id, "model": MODEL}  # every series names the model
+        assert ("ib_running_sequences", frozenset(labels.items())) in after
 
 
 def test_flower_refuses_requests_without_credentials(fleet_up):
