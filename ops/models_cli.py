@@ -53,7 +53,7 @@ def models_add(
     path = sources.fetch(parsed)
     with console.status(f"reading {path.name}..."):
         facts = read_facts(path)
-        caps = capabilities(facts)
+        caps = capabilities(facts, path)
     runnable_backends = [b for b in load_backends() if b not in caps.unsupported]
     if not runnable_backends:
         reasons = "; ".join(f"{b}: {why}" for b, why in caps.unsupported.items())

@@ -21,6 +21,7 @@ from dispatcher import connection
 from dispatcher.jobs import JobError
 from dispatcher.models.sources import SourceError
 from ops.console import console
+from workers.models.prepare import PreparationError
 
 
 def broker_hint() -> str:
@@ -34,6 +35,8 @@ def explain(exc: BaseException) -> tuple[str, int] | None:
         return f"[red]{type(exc).__name__}:[/] {escape(str(exc))}", 1
     if isinstance(exc, SourceError):
         return f"[red]refused:[/] {escape(str(exc))}", 1
+    if isinstance(exc, PreparationError):
+        return f"[red]preparation failed:[/] {escape(str(exc))}", 1
     if isinstance(exc, redis.AuthenticationError):
         return f"[red]the broker refused the password:[/] {escape(str(exc))}; check REDIS_URL or REDIS_PASSWORD", 2
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -192,6 +193,29 @@ def test_a_gguf_converted_from_the_local_folder_is_served_by_llama_cpp(client, r
         assert r.token_ids[:4] == expected[:4], (r.text, reference.tokenizer.decode(expected))
     finally:
         worker.stop()
+
+
+def test_a_folder_the_onnx_builder_refuses_is_never_sent_to_onnx(redis_url, added):
+    """Gemma 3's GGUF de-quantized to HF by transformers (`ib models prepare`), then added
+    as a folder: onnxruntime-genai's builder lists Gemma3ForCausalLM but refuses this
+    config (it is asked at add time), so the tree's ONNX choice falls back, saying why."""
+    out = ib("models", "prepare", GEMMA, "--format", "hf", redis_url=redis_url)
+    assert out.returncode == 0, out.stdout + out.stderr
+    from dispatcher.registry import ModelRegistry
+
+    hf = ModelRegistry.from_config().get(GEMMA).artifact_path("hf")
+    config = json.loads((hf / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3ForCausalLM"] and config["vocab_size"] == 262144
+    add(redis_url, "gemma-hf", "--from", str(hf))
+    try:
+        entry = yaml.safe_load(Path(os.environ["IB_MODELS_FILE"]).read_text())["models"]["gemma-hf"]
+        assert "onnxruntime-genai's model builder refuses this model" in entry["unsupported"]["onnx"], entry
+        assert "onnx" not in entry["derive"] and entry["derive"]["gguf"]["from"] == "hf"
+        out = ib("explain", "--model", "gemma-hf", "--latency-ms", "50", "--hardware", "cpu", redis_url=redis_url)
+        assert out.returncode == 0, out.stdout
+        assert "format constraint" in out.stdout and "refuses this model" in out.stdout
+    finally:
+        ib("models", "remove", "gemma-hf", redis_url=redis_url)
 
 
 def test_heartbeats_and_ib_workers_say_each_workers_model(client, fleet, redis_url):

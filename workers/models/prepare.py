@@ -27,6 +27,23 @@ from dispatcher.models import sources
 from dispatcher.registry import Derivation, ModelRegistry, ModelSpec
 
 log = logging.getLogger(__name__)
+
+
+class PreparationError(RuntimeError):
+    """A converter refused the model; the message says which and why (its last error
+    line), and where its whole output was saved."""
+
+
+def _run_converter(what: str, cmd: list[str], spec_dir: Path) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode == 0:
+        return
+    log_path = spec_dir.parent / f"{spec_dir.name.strip('.').removesuffix('.tmp')}-prepare.log"
+    log_path.write_text(f"$ {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+    last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit {done.returncode}")
+    raise PreparationError(f"{what} failed: {last.strip()} (full output: {log_path})")
+
+
 GGUF_FILE = "model.gguf"  # a derived GGUF's name in its folder (ModelSpec.artifact_path finds it)
 
 
@@ -63,7 +80,11 @@ def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     t0 = time.monotonic()
-    build(source, staging, spec.derive[fmt])
+    try:
+        build(source, staging, spec.derive[fmt])
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # never a half-written format left behind
+        raise
     (staging / ".complete").write_text(
         json.dumps(
             {"from": str(source), "source_bytes": source.stat().st_size, "seconds": round(time.monotonic() - t0, 1)}
@@ -122,9 +143,9 @@ def _hf_to_gguf(hf: Path, out: Path, how: Derivation) -> None:
     outfile = out / GGUF_FILE
     cmd = [sys.executable, str(folder / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(outfile)]
     cmd += ["--outtype", how.precision or "q8_0"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0 or not outfile.exists():
-        raise RuntimeError(f"GGUF conversion failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+    _run_converter("llama.cpp's HF → GGUF conversion", cmd, out)
+    if not outfile.exists():
+        raise PreparationError(f"llama.cpp's converter wrote no {outfile}")
 
 
 def _hf_to_onnx(hf: Path, out: Path, how: Derivation) -> None:
@@ -145,10 +166,10 @@ def _hf_to_onnx(hf: Path, out: Path, how: Derivation) -> None:
         "-c",
         str(cache),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    shutil.rmtree(cache, ignore_errors=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"ONNX export failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+    try:
+        _run_converter("onnxruntime-genai's ONNX export", cmd, out)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
     from workers.engines.onnx import check_onnx_folder
 
     check_onnx_folder(out)

@@ -41,7 +41,9 @@ class Capabilities:
     hf_architecture: str | None = None
 
 
-def capabilities(facts: ModelFacts) -> Capabilities:
+def capabilities(facts: ModelFacts, path: Path | None = None) -> Capabilities:
+    """``path``: the model's files, for the checks that need more than its facts (the ONNX
+    builder is asked to read an HF folder's config, which it can refuse)."""
     caps = Capabilities()
     arch = facts.architecture
     has_hf = facts.format == "hf"
@@ -84,8 +86,12 @@ def capabilities(facts: ModelFacts) -> Capabilities:
         if known is not None and caps.hf_architecture not in known:
             caps.unsupported["vllm"] = f"vLLM's model registry has no {caps.hf_architecture}"
 
-    # ONNX Runtime: the builder's architectures, from HF weights
-    if has_hf and caps.hf_architecture in _onnx_builder_architectures():
+    # ONNX Runtime: the builder's architectures, from HF weights; given an HF folder, the
+    # builder itself reads its config (config_only: seconds, no weights converted)
+    refused = _onnx_builder_refuses(path) if facts.format == "hf" and path is not None else None
+    if refused:
+        caps.unsupported["onnx"] = f"onnxruntime-genai's model builder refuses this model: {refused}"
+    elif has_hf and caps.hf_architecture in _onnx_builder_architectures():
         for fmt, precision in ONNX_PRECISIONS.items():
             caps.derive[fmt] = {"from": "hf", "precision": precision}
     else:
@@ -174,3 +180,28 @@ def _converter_architectures() -> frozenset[str]:
         for args in re.findall(r"ModelBase\.register\(([^)]*)\)", path.read_text()):
             names |= set(re.findall(r'"(\w+)"', args))
     return frozenset(names)
+
+
+def _onnx_builder_refuses(hf: Path) -> str | None:
+    """The builder's last error line when it cannot even write the config of ``hf``
+    (onnxruntime-genai 0.18 reads gemma3's per-layer-type RoPE settings wrongly, for
+    one); None when it can, or when the builder does not list the architecture."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    if (
+        json.loads((hf / "config.json").read_text()).get("architectures", [None])[0]
+        not in _onnx_builder_architectures()
+    ):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", f"{tmp}/out"]
+        cmd += ["-p", "fp32", "-e", "cpu", "-c", f"{tmp}/cache", "--extra_options", "config_only=true"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode == 0:
+        return None
+    return next(
+        (line.strip() for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit {done.returncode}"
+    )
