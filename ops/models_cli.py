@@ -20,7 +20,7 @@ from dispatcher.models import sources, user_file
 from dispatcher.registry import MODEL_NAME, ModelRegistry, ModelSpec, load_backends
 from ops.console import console
 from workers.models.facts import ModelFacts, read_facts
-from workers.models.prepare import prepare
+from workers.models.prepare import PreparationError, prepare
 from workers.models.support import capabilities
 
 app = typer.Typer(
@@ -251,11 +251,29 @@ def models_prepare(
     spec = ModelRegistry.from_config().get(name)
     default = [*spec.artifacts, *(["hf"] if "hf" in spec.formats() and "hf" not in spec.artifacts else [])]
     for f in [fmt] if fmt else default:
-        with console.status(f"preparing {name} ({f})..."):
-            path = prepare(spec, f, force=force)
+        try:
+            with console.status(f"preparing {name} ({f})..."):
+                path = prepare(spec, f, force=force)
+        except PreparationError as exc:
+            _record_refusal(spec, f, exc)
+            raise
         console.print(f"{name} {f}: {path}")
         if spec.draft_of and f == "hf":  # a draft is checked against its target once it exists
             _check_drafts(spec.draft_of, only=name)
+
+
+def _record_refusal(spec: ModelSpec, fmt: str, exc: PreparationError) -> None:
+    """A converter refused an added model: the backends whose workers would load that
+    format are marked unsupported in its entry, so the tree stops choosing them (a worker
+    for them could never start). `ib models add --replace` starts over."""
+    backends = [b for b, f in spec.runnable_on(load_backends()).items() if f == fmt]
+    if spec.origin != "user" or not backends:
+        return
+    models = user_file.read()
+    entry = models[spec.name]
+    entry["unsupported"] = {**(entry.get("unsupported") or {}), **{b: str(exc) for b in backends}}
+    user_file.write(models)
+    console.print(f"recorded in {user_file.path()}: {', '.join(backends)} cannot serve {spec.name}")
 
 
 @app.command("check-draft")

@@ -216,6 +216,13 @@ def test_a_folder_the_onnx_builder_refuses_is_never_sent_to_onnx(redis_url, adde
         assert "format constraint" in out.stdout and "refuses this model" in out.stdout
     finally:
         ib("models", "remove", "gemma-hf", redis_url=redis_url)
+    # the GGUF-added entry learns the same at `ib models prepare`: one line, the log kept,
+    # and onnx marked unsupported for it (its workers would load exactly that format)
+    out = ib("models", "prepare", GEMMA, "--format", "onnx", redis_url=redis_url)
+    assert out.returncode == 1 and "preparation failed" in out.stdout and "Traceback" not in out.stdout + out.stderr
+    assert "-prepare.log" in out.stdout and "recorded" in out.stdout, out.stdout
+    entry = yaml.safe_load(Path(os.environ["IB_MODELS_FILE"]).read_text())["models"][GEMMA]
+    assert "rope_type" in entry["unsupported"]["onnx"] and "onnx-int4" in entry["derive"]
 
 
 def test_heartbeats_and_ib_workers_say_each_workers_model(client, fleet, redis_url):
