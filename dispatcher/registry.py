@@ -24,6 +24,7 @@ from dispatcher.models import sources, user_file
 
 # A model's name is part of queue names (ib.<backend>@<model>) and Redis keys.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DERIVED_GGUF = "model.gguf"  # a derived GGUF's file in its prepared folder (llama.cpp loads a file)
 
 
 class Artifact(BaseModel):
@@ -111,7 +112,7 @@ class ModelSpec(BaseModel):
         if fmt in self.derive:
             path = self.prepared_dir(fmt)
             if (path / ".complete").exists():
-                return path / "model.gguf" if fmt == "gguf" else path  # llama.cpp loads a file
+                return path / DERIVED_GGUF if fmt == "gguf" else path
             raise FileNotFoundError(
                 f"{self.name}: format {fmt} is not prepared yet: run `ib models prepare {self.name}`"
             )
@@ -131,19 +132,16 @@ class ModelRegistry:
     def from_config(cls, data: dict[str, Any] | None = None) -> ModelRegistry:
         """config/models.yaml with the user's registry file over it (an entry there replaces
         the bundled one of its name); ``data``: one file's contents, alone."""
-        if data is not None:
-            entries = {name: (spec, "config") for name, spec in (data.get("models") or {}).items()}
-        else:
-            bundled = settings.load_yaml("models.yaml").get("models") or {}
-            entries = {name: (spec, "config") for name, spec in bundled.items()}
+        config = data if data is not None else settings.load_yaml("models.yaml")
+        entries = {name: (spec, "config") for name, spec in (config.get("models") or {}).items()}
+        if data is None:
             entries |= {name: (spec, "user") for name, spec in user_file.read().items()}
         models = {}
         for name, (spec, origin) in entries.items():
             if not MODEL_NAME.match(str(name)):
                 raise ValueError(f"model name {name!r}: use letters, digits, '.', '_' and '-' (64 at most)")
             models[name] = ModelSpec(name=name, origin=origin, **spec)
-        default = (data if data is not None else settings.load_yaml("models.yaml")).get("default_model")
-        default = default or next(iter(models), None)
+        default = config.get("default_model") or next(iter(models), None)
         if default is not None:
             if default not in models:
                 raise ValueError(f"models.yaml: default_model {default!r} is not registered")

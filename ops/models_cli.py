@@ -67,7 +67,6 @@ def models_add(
     models = user_file.read()
     models[name] = entry
     written = user_file.write(models)
-    ModelRegistry.from_config()  # and the layered registry with it (references between entries)
     console.print(f"added {name} to {written}")
     _show(ModelRegistry.from_config().get(name))
 

@@ -32,7 +32,6 @@ HF_FILES = [
     "NOTICE*",
 ]
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-SCHEMES = ("package", "hf")
 
 
 class SourceError(ValueError):

@@ -26,7 +26,7 @@ def path() -> Path:
     return Path(explicit).expanduser() if explicit else settings.data_dir() / "models.yaml"
 
 
-_cache: dict[Path, tuple[float, dict[str, Any]]] = {}
+_cache: dict[Path, tuple[int, dict[str, Any]]] = {}
 
 
 def stamp() -> tuple[str, int] | None:
@@ -40,11 +40,10 @@ def stamp() -> tuple[str, int] | None:
 
 def read() -> dict[str, Any]:
     """Name → entry, as written (re-read when the file changes; {} without a file)."""
-    file = path()
-    try:
-        mtime = file.stat().st_mtime
-    except FileNotFoundError:
+    now = stamp()
+    if now is None:
         return {}
+    file, mtime = Path(now[0]), now[1]
     cached = _cache.get(file)
     if cached is None or cached[0] != mtime:
         data = yaml.safe_load(file.read_text()) or {}

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from dispatcher.models import sources
-from dispatcher.registry import Derivation, ModelRegistry, ModelSpec
+from dispatcher.registry import DERIVED_GGUF, Derivation, ModelRegistry, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,9 @@ def _run_converter(what: str, cmd: list[str], spec_dir: Path) -> None:
     raise PreparationError(f"{what} failed: {last.strip()} (full output: {log_path})")
 
 
-GGUF_FILE = "model.gguf"  # a derived GGUF's name in its folder (ModelSpec.artifact_path finds it)
-
-
 def prepare(spec: ModelSpec, fmt: str = "hf", force: bool = False) -> Path:
-    """Make ``fmt`` available for ``spec``; returns its folder. Idempotent. An artifact
+    """Make ``fmt`` available for ``spec``; returns its path (``spec.artifact_path``: a
+    folder, or a derived GGUF's file). Idempotent. An artifact
     from the Hub is downloaded here (once, into its cache), never by a running job."""
     if fmt in spec.artifacts:
         return sources.fetch(sources.parse(spec.artifacts[fmt].source))
@@ -140,7 +138,7 @@ def _hf_to_gguf(hf: Path, out: Path, how: Derivation) -> None:
     folder = converter_dir()
     if folder is None:
         raise FileNotFoundError("llama.cpp's converter is not unpacked here: run scripts/llamacpp_wheel.sh")
-    outfile = out / GGUF_FILE
+    outfile = out / DERIVED_GGUF
     cmd = [sys.executable, str(folder / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(outfile)]
     cmd += ["--outtype", how.precision or "q8_0"]
     _run_converter("llama.cpp's HF → GGUF conversion", cmd, out)

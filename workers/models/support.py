@@ -88,10 +88,11 @@ def capabilities(facts: ModelFacts, path: Path | None = None) -> Capabilities:
 
     # ONNX Runtime: the builder's architectures, from HF weights; given an HF folder, the
     # builder itself reads its config (config_only: seconds, no weights converted)
-    refused = _onnx_builder_refuses(path) if facts.format == "hf" and path is not None else None
+    listed = has_hf and caps.hf_architecture in _onnx_builder_architectures()
+    refused = _onnx_builder_refuses(path) if listed and facts.format == "hf" and path is not None else None
     if refused:
         caps.unsupported["onnx"] = f"onnxruntime-genai's model builder refuses this model: {refused}"
-    elif has_hf and caps.hf_architecture in _onnx_builder_architectures():
+    elif listed:
         for fmt, precision in ONNX_PRECISIONS.items():
             caps.derive[fmt] = {"from": "hf", "precision": precision}
     else:
@@ -185,17 +186,11 @@ def _converter_architectures() -> frozenset[str]:
 def _onnx_builder_refuses(hf: Path) -> str | None:
     """The builder's last error line when it cannot even write the config of ``hf``
     (onnxruntime-genai 0.18 reads gemma3's per-layer-type RoPE settings wrongly, for
-    one); None when it can, or when the builder does not list the architecture."""
-    import json
+    one); None when it can. Asked only about an architecture the builder lists."""
     import subprocess
     import sys
     import tempfile
 
-    if (
-        json.loads((hf / "config.json").read_text()).get("architectures", [None])[0]
-        not in _onnx_builder_architectures()
-    ):
-        return None
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", f"{tmp}/out"]
         cmd += ["-p", "fp32", "-e", "cpu", "-c", f"{tmp}/cache", "--extra_options", "config_only=true"]
