@@ -301,6 +301,7 @@ class LlamaCppSpec(BackendSpec):
     prefill_chunk: int = Field(ge=1)  # prompt tokens one sequence adds per step
     prefix_cache_mb: float = Field(ge=0)  # saved prompt KV states, LRU
     prefix_min_tokens: int = Field(ge=1)  # shorter shared prefixes are cheaper to evaluate than to load
+    flash_attn: bool = True  # ggml's fused attention: skips other sequences' cells in the shared pool
 
     @property
     def sequences(self) -> int:

@@ -168,7 +168,7 @@ def test_a_shared_system_prompt_is_evaluated_once(registry):
         new = e.stats()["prompt_tokens_evaluated"] - evaluated
         assert second.cached_tokens > 400  # the system prompt and the template around it
         assert new == second.prompt_tokens - second.cached_tokens
-        assert new < e.prefill_chunk + 20  # reuse is whole chunks: at most one of them, plus the question
+        assert new < 20  # the question and the template's turn markers around it
         assert e.stats()["prefix_hits"] == 1
     finally:
         e.close()

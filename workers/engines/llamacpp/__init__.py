@@ -27,12 +27,13 @@ least ``prefix_min_tokens`` leading tokens with a stored one loads that state, d
 KV past the shared run, and evaluates only the rest; the job's usage reports the reused
 tokens as ``cached_tokens``.
 
-Why chunks end on multiples of ``prefill_chunk`` and reuse is rounded down to one:
+Why chunks end on multiples of ``prefill_chunk`` (reuse is not rounded to one: the chat
+template's shared system turn is shorter than a chunk; docs/architecture.md):
 llama.cpp's CPU kernels round differently depending on how a prompt is cut into
 batches (measured: the same 18 prompts fed 7 tokens per step instead of whole gave 3
 different greedy outputs, token by token 11). With fixed chunk boundaries a prompt is cut
-the same way whether its prefix came from the cache or not, and reuse keeps greedy
-output identical to a cold run (tested). Sharing steps with other sequences does change
+on the same grid whether its prefix came from the cache or not, and reuse keeps greedy
+output identical to a cold run on the tested prompts. Sharing steps with other sequences does change
 rounding: batched greedy output can part from single-stream output at near-tie logits
 (measured and tested; docs/architecture.md).
 """

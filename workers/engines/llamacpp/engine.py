@@ -3,7 +3,7 @@
 The high-level ``Llama`` object owns the weights, tokenizer and chat template (with a
 tiny context of its own); decoding runs on a second context made from the same model
 through llama-cpp-python's low-level API, which the scheduler (scheduler.py) steps. Its
-parameters are copied from the high-level ones (flash attention off, as there), so a
+parameters are copied from the high-level ones (flash attention as configured there), so a
 job's greedy output matches what ``Llama.create_chat_completion`` gives for it alone.
 """
 
@@ -76,12 +76,14 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
             n_batch=64,
             n_threads=self.threads,
             n_threads_batch=self.threads,
+            flash_attn=self.config.flash_attn,
             verbose=False,
         )
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.eos_ids = [t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)]
         self.chat = self._chat_formatter()
+        self._pieces: dict[int, bytes] = {}
 
         params = llama_cpp.llama_context_params.from_buffer_copy(self.llm.context_params)
         params.n_seq_max = self.max_seqs
@@ -175,7 +177,15 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
         return self.llm.tokenize((job.prompt or "").encode(), add_bos=True, special=False)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.llm.detokenize(token_ids).decode("utf-8", errors="replace")
+        """Token texts joined, from a per-token cache: streaming and stop strings decode a
+        job's whole output after every token, and llama-cpp-python's detokenize makes one
+        ctypes call per token (the cost grew with the square of the output)."""
+        piece = self._pieces.get
+        return b"".join([piece(t) or self._piece(t) for t in token_ids]).decode("utf-8", errors="replace")
+
+    def _piece(self, token: int) -> bytes:
+        text = self._pieces[token] = self.llm.detokenize([token])
+        return text
 
     def submit(self, request: EngineRequest) -> None:
         self.scheduler.submit(request)

@@ -118,7 +118,7 @@ class Scheduler:
             self._start(r)
 
     def _prefix_in_progress(self, prompt: list[int]) -> bool:
-        need = max(self.prefix_cache.min_tokens, self.prefill_chunk)
+        need = self.prefix_cache.min_tokens
         p = np.asarray(prompt)
         return any(
             s.prefilling and s.save_prefix and common_prefix_len(p, np.asarray(s.request.prompt_ids)) >= need
@@ -132,8 +132,9 @@ class Scheduler:
         n_past = 0
         hit = self.prefix_cache.lookup(prompt)
         if hit is not None:
-            # Reuse whole chunks only, and never the last prompt token (its logits are needed).
-            n_past = min(hit.tokens, len(prompt) - 1) // self.prefill_chunk * self.prefill_chunk
+            # Never the last prompt token: its logits are needed. The rest of the prompt is
+            # still cut on the prefill_chunk grid (see _step), as a cold evaluation cuts it.
+            n_past = min(hit.tokens, len(prompt) - 1)
             buf = (ctypes.c_uint8 * len(hit.state)).from_buffer_copy(hit.state)
             if llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(hit.state), seq_id) == 0:
                 log.warning("prefix state did not load; evaluating the whole prompt")
