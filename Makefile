@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-chaos bench-profiles clean
+.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-peers bench-chaos bench-profiles clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,10 @@ bench-speculative: install
 # The HTTP gateway vs the Python client vs llama.cpp's own llama-server (built once, cached).
 bench-gateway: install
 	$(PY) -m bench.gateway
+
+# The fleet against the engine's own server: the llama.cpp worker vs llama-server.
+bench-peers: install
+	$(PY) -m bench.vs_peers
 
 # Faults: worker kills, a broker restart and a 30 s outage under a batch and interactive
 # jobs: lost / doubled / stuck / recomputed, Redis before and after. `--soak` for the soak.

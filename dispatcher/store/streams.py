@@ -73,6 +73,9 @@ class OneAttempt:
         return attempt >= self.attempt
 
 
+FLUSH_S = 0.02  # a worker writes stream entries at most this often (each write wakes Redis and every reader)
+
+
 class StreamPublisher:
     """One per worker process: ``delta``/``end`` are cheap, the thread does the writes."""
 
@@ -95,10 +98,17 @@ class StreamPublisher:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        stop = False
+        stop, last_write = False, 0.0
         while not stop:
             items = []
-            for item in [self._queue.get(), *drain(self._queue)]:
+            first = self._queue.get()
+            # At most one write per FLUSH_S: what arrives meanwhile goes out together.
+            # A first token after a pause goes out at once.
+            wait = last_write + FLUSH_S - time.monotonic()
+            if wait > 0 and first is not None:
+                time.sleep(wait)
+            last_write = time.monotonic()
+            for item in merged([first, *drain(self._queue)]):
                 if item is None:
                     stop = True
                 else:
@@ -115,6 +125,25 @@ class StreamPublisher:
                 pipe.execute()
             except redis.RedisError:
                 log.warning("could not publish %d stream entries", len(items), exc_info=True)
+
+
+def merged(items: list) -> list:
+    """Consecutive text deltas of one job and attempt as one entry (fewer entries for
+    each reader to parse; the text is the same)."""
+    out: list = []
+    for item in items:
+        prev = out[-1] if out else None
+        if (
+            item is not None
+            and prev is not None
+            and item[1] == "d"
+            and prev[1] == "d"
+            and (item[0], item[3]) == (prev[0], prev[3])
+        ):
+            out[-1] = (prev[0], "d", prev[2] + item[2], prev[3])
+        else:
+            out.append(item)
+    return out
 
 
 def drain(q: queue.Queue) -> list:

@@ -34,7 +34,10 @@ def test_a_redelivered_job_streams_one_text_continuing_where_the_first_attempt_s
     # attempt 1 dies after "The cap"; attempt 2 (greedy: the same text) splits it differently
     publish(r, job, [(1, ["The ", "cap"], None), (2, ["The c", "apital ", "is ", "Paris."], "completed")])
     assert "".join(read_stream(r, job, timeout=5)) == "The capital is Paris."
-    assert list(read_stream(r, job, timeout=5)) == ["The ", "cap", "ital ", "is ", "Paris."]
+    # the publisher may merge consecutive deltas of one attempt into an entry; either way
+    # attempt 1's text is given out first, and attempt 2 goes on after it
+    pieces = list(read_stream(r, job, timeout=5))
+    assert any("".join(pieces[:k]) == "The cap" for k in range(1, len(pieces)))
 
 
 def test_a_new_attempt_whose_text_differs_ends_the_stream_with_a_typed_error(r):
