@@ -37,8 +37,9 @@ import argparse
 import secrets
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,28 +156,66 @@ def saturated(run: Arm, texts: list[str], max_tokens: int, concurrency: int) -> 
     return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "ttft_p50_s": statistics.median(ttfts)}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def peer_args(doc: str | None) -> argparse.ArgumentParser:
+    """The workload both llama-server benchmarks share (this one and bench.vs_peers)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--pairs", type=int, default=16, help="sequential gateway/client pairs per round (16 tokens)")
-    ap.add_argument("--ttft-prompts", type=int, default=8, help="one-at-a-time TTFT samples per arm")
+    ap.add_argument("--ttft-prompts", type=int, default=8, help="one-at-a-time TTFT samples per arm and round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    args = ap.parse_args()
+    return ap
 
+
+@dataclass
+class PeerSetup:
+    binary: str  # llama-server
+    gguf: str
+    url: str  # the broker
+    broker: EmbeddedBroker | None  # started here when no REDIS_URL is set
+
+
+def peer_setup() -> PeerSetup:
     with console.status("llama-server: built once from the llama-cpp-python sdist (cached)..."):
         binary = llama_server_binary()
     gguf = str(ModelRegistry.from_config().get(MODEL).artifact_path("gguf"))
-    texts = prompts(args.prompts)
     broker = None
     url = connection.redis_url()
     if url is None:
         broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "bench-broker").start(announce=False)
         url = broker.url
+    return PeerSetup(binary, gguf, url, broker)
+
+
+@contextmanager
+def llama_server(setup: PeerSetup, args: argparse.Namespace) -> Iterator[NativeLlamaServer]:
+    """llama-server with the benchmark's threads, slots and KV size, stopped afterwards."""
+    server = NativeLlamaServer(setup.binary, setup.gguf, args.threads, args.slots, KV_TOKENS)
+    try:
+        with console.status("starting llama-server..."):
+            server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def alternating(rounds: int, fleet_side: Callable[[int], None], peer_side: Callable[[int], None]) -> None:
+    """Each round runs both sides, one engine alive at a time; which goes first alternates."""
+    for r in range(rounds):
+        for side in (fleet_side, peer_side) if r % 2 == 0 else (peer_side, fleet_side):
+            side(r)
+
+
+def main() -> int:
+    ap = peer_args(__doc__)
+    ap.add_argument("--pairs", type=int, default=16, help="sequential gateway/client pairs per round (16 tokens)")
+    args = ap.parse_args()
+    setup = peer_setup()
+    binary, url, broker = setup.binary, setup.url, setup.broker
+    texts = prompts(args.prompts)
     key = "bench-" + secrets.token_urlsafe(12)
     one: dict[str, list[float]] = {"gateway": [], "client": [], "llama-server": []}
     outside: dict[str, list[float]] = {"gateway": [], "gateway-http": [], "client": []}
@@ -220,18 +259,11 @@ def main() -> int:
             worker.stop()
 
     def peer_side(r: int) -> None:
-        server = NativeLlamaServer(binary, gguf, args.threads, args.slots, KV_TOKENS)
-        try:
-            with console.status("starting llama-server..."):
-                server.start()
+        with llama_server(setup, args) as server:
             measure({"llama-server": SdkArm(f"{server.url}/v1", "none").run}, r)
-        finally:
-            server.stop()
 
     try:
-        for r in range(args.rounds):  # one engine alive at a time; which goes first alternates
-            for side in (fleet_side, peer_side) if r % 2 == 0 else (peer_side, fleet_side):
-                side(r)
+        alternating(args.rounds, fleet_side, peer_side)
     finally:
         client.close()
         if broker:

@@ -29,19 +29,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from bench.fleet_overhead import prompts
-from bench.gateway import KV_TOKENS, MODEL, Arm, ClientArm, SdkArm, saturated, tagged
+from bench.gateway import Arm, ClientArm, SdkArm, alternating, llama_server, peer_args, peer_setup, saturated, tagged
 from bench.report import save
-from dispatcher import connection, settings
 from dispatcher.client import Client
-from dispatcher.registry import ModelRegistry
-from ops.broker import EmbeddedBroker
-from ops.localfleet import NativeLlamaServer, WorkerProcess, llama_server_binary
+from ops.localfleet import WorkerProcess
 
 console = Console()
 FLEET, PEER = "fleet llama.cpp worker", "llama-server"
@@ -76,26 +72,10 @@ def summarize(rounds: list[dict], name: str) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--ttft-prompts", type=int, default=8, help="one-at-a-time samples per side and round")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    args = ap.parse_args()
-
-    with console.status("llama-server: built once from the llama-cpp-python sdist (cached)..."):
-        binary = llama_server_binary()
-    gguf = str(ModelRegistry.from_config().get(MODEL).artifact_path("gguf"))
+    args = peer_args(__doc__).parse_args()
+    setup = peer_setup()
+    binary, url, broker = setup.binary, setup.url, setup.broker
     texts = prompts(args.prompts)
-    broker = None
-    url = connection.redis_url()
-    if url is None:
-        broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "bench-broker").start(announce=False)
-        url = broker.url
     client = Client(url)
     rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
 
@@ -109,18 +89,11 @@ def main() -> int:
             worker.stop()
 
     def peer_side(r: int) -> None:
-        server = NativeLlamaServer(binary, gguf, args.threads, args.slots, KV_TOKENS)
-        try:
-            with console.status("starting llama-server..."):
-                server.start()
+        with llama_server(setup, args) as server:
             rounds[r][PEER] = measure("peer", SdkArm(f"{server.url}/v1", "none").run, texts, r, args)
-        finally:
-            server.stop()
 
     try:
-        for r in range(args.rounds):  # one engine alive at a time; which goes first alternates
-            for side in (fleet_side, peer_side) if r % 2 == 0 else (peer_side, fleet_side):
-                side(r)
+        alternating(args.rounds, fleet_side, peer_side)
     finally:
         client.close()
         if broker:
