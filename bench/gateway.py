@@ -176,6 +176,12 @@ class PeerSetup:
     gguf: str
     url: str  # the broker
     broker: EmbeddedBroker | None  # started here when no REDIS_URL is set
+    client: Client
+
+    def close(self) -> None:
+        self.client.close()
+        if self.broker:
+            self.broker.stop()
 
 
 def peer_setup() -> PeerSetup:
@@ -187,7 +193,7 @@ def peer_setup() -> PeerSetup:
     if url is None:
         broker = EmbeddedBroker(port=None, data_dir=settings.data_dir() / "bench-broker").start(announce=False)
         url = broker.url
-    return PeerSetup(binary, gguf, url, broker)
+    return PeerSetup(binary, gguf, url, broker, Client(url))
 
 
 @contextmanager
@@ -214,13 +220,12 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=16, help="sequential gateway/client pairs per round (16 tokens)")
     args = ap.parse_args()
     setup = peer_setup()
-    binary, url, broker = setup.binary, setup.url, setup.broker
+    binary, url, client = setup.binary, setup.url, setup.client
     texts = prompts(args.prompts)
     key = "bench-" + secrets.token_urlsafe(12)
     one: dict[str, list[float]] = {"gateway": [], "client": [], "llama-server": []}
     outside: dict[str, list[float]] = {"gateway": [], "gateway-http": [], "client": []}
     rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
-    client = Client(url)
 
     def measure(arms: dict[str, Arm], r: int) -> None:
         """One side's arms in round ``r``: TTFT one at a time, then saturated."""
@@ -265,9 +270,7 @@ def main() -> int:
     try:
         alternating(args.rounds, fleet_side, peer_side)
     finally:
-        client.close()
-        if broker:
-            broker.stop()
+        setup.close()
 
     names = list(one)
     summary = {

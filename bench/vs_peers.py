@@ -36,7 +36,6 @@ from rich.table import Table
 from bench.fleet_overhead import prompts
 from bench.gateway import Arm, ClientArm, SdkArm, alternating, llama_server, peer_args, peer_setup, saturated, tagged
 from bench.report import save
-from dispatcher.client import Client
 from ops.localfleet import WorkerProcess
 
 console = Console()
@@ -74,17 +73,15 @@ def summarize(rounds: list[dict], name: str) -> dict:
 def main() -> int:
     args = peer_args(__doc__).parse_args()
     setup = peer_setup()
-    binary, url, broker = setup.binary, setup.url, setup.broker
     texts = prompts(args.prompts)
-    client = Client(url)
     rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
 
     def fleet_side(r: int) -> None:
-        worker = WorkerProcess("llamacpp", url, extra_args=[f"--threads={args.threads}"])
+        worker = WorkerProcess("llamacpp", setup.url, extra_args=[f"--threads={args.threads}"])
         try:
             with console.status("starting the llama.cpp worker..."):
                 worker.start().wait_ready(300)
-            rounds[r][FLEET] = measure("fleet", ClientArm(client).run, texts, r, args)
+            rounds[r][FLEET] = measure("fleet", ClientArm(setup.client).run, texts, r, args)
         finally:
             worker.stop()
 
@@ -95,9 +92,7 @@ def main() -> int:
     try:
         alternating(args.rounds, fleet_side, peer_side)
     finally:
-        client.close()
-        if broker:
-            broker.stop()
+        setup.close()
 
     summary = {name: summarize(rounds, name) for name in (FLEET, PEER)}
     f, p = summary[FLEET], summary[PEER]
@@ -132,7 +127,7 @@ def main() -> int:
         f"{ratios['saturated_tok_s']:.2f}x",
     )
     console.print(table)
-    path = save("vs_peers", args, summary=summary, ratios=ratios, rounds=rounds, llama_server=binary)
+    path = save("vs_peers", args, summary=summary, ratios=ratios, rounds=rounds, llama_server=setup.binary)
     console.print(f"written to {path}")
     return 0
 

@@ -73,6 +73,7 @@ class OneAttempt:
         return attempt >= self.attempt
 
 
+Entry = tuple[str, str, str, int]  # job id, field ("d" text / "end" status), value, attempt
 FLUSH_S = 0.02  # a worker writes stream entries at most this often (each write wakes Redis and every reader)
 
 
@@ -82,7 +83,7 @@ class StreamPublisher:
     def __init__(self, client: redis.Redis, ttl_s: int) -> None:
         self.r = client
         self.ttl_s = ttl_s
-        self._queue: queue.Queue[tuple[str, str, str, int] | None] = queue.Queue()
+        self._queue: queue.Queue[Entry | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="stream-publisher", daemon=True)
         self._thread.start()
 
@@ -127,10 +128,10 @@ class StreamPublisher:
                 log.warning("could not publish %d stream entries", len(items), exc_info=True)
 
 
-def merged(items: list) -> list:
+def merged(items: list[Entry | None]) -> list[Entry | None]:
     """Consecutive text deltas of one job and attempt as one entry (fewer entries for
     each reader to parse; the text is the same)."""
-    out: list = []
+    out: list[Entry | None] = []
     for item in items:
         prev = out[-1] if out else None
         if (

@@ -180,12 +180,14 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
         """Token texts joined, from a per-token cache: streaming and stop strings decode a
         job's whole output after every token, and llama-cpp-python's detokenize makes one
         ctypes call per token (the cost grew with the square of the output)."""
-        piece = self._pieces.get
-        return b"".join([piece(t) or self._piece(t) for t in token_ids]).decode("utf-8", errors="replace")
+        pieces = self._pieces
+        return b"".join([pieces[t] if t in pieces else self._piece(t) for t in token_ids]).decode(
+            "utf-8", errors="replace"
+        )
 
     def _piece(self, token: int) -> bytes:
-        text = self._pieces[token] = self.llm.detokenize([token])
-        return text
+        piece = self._pieces[token] = self.llm.detokenize([token])
+        return piece
 
     def submit(self, request: EngineRequest) -> None:
         self.scheduler.submit(request)
