@@ -172,7 +172,7 @@ def peer_args(doc: str | None) -> argparse.ArgumentParser:
 
 @dataclass
 class PeerSetup:
-    binary: str  # llama-server
+    binary: str | None  # llama-server (None: not needed)
     gguf: str
     url: str  # the broker
     broker: EmbeddedBroker | None  # started here when no REDIS_URL is set
@@ -184,9 +184,12 @@ class PeerSetup:
             self.broker.stop()
 
 
-def peer_setup() -> PeerSetup:
-    with console.status("llama-server: built once from the llama-cpp-python sdist (cached)..."):
-        binary = llama_server_binary()
+def peer_setup(server: bool = True) -> PeerSetup:
+    """The broker and client of the fleet side, and (``server``) the llama-server binary."""
+    binary = None
+    if server:
+        with console.status("llama-server: built once from the llama-cpp-python sdist (cached)..."):
+            binary = llama_server_binary()
     gguf = str(ModelRegistry.from_config().get(MODEL).artifact_path("gguf"))
     broker = None
     url = connection.redis_url()
@@ -199,6 +202,7 @@ def peer_setup() -> PeerSetup:
 @contextmanager
 def llama_server(setup: PeerSetup, args: argparse.Namespace) -> Iterator[NativeLlamaServer]:
     """llama-server with the benchmark's threads, slots and KV size, stopped afterwards."""
+    assert setup.binary is not None, "peer_setup(server=True) builds llama-server"
     server = NativeLlamaServer(setup.binary, setup.gguf, args.threads, args.slots, KV_TOKENS)
     try:
         with console.status("starting llama-server..."):

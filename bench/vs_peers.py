@@ -1,9 +1,21 @@
-"""The fleet against the engine's own server, side by side in one run: the llama.cpp worker
-against llama.cpp's `llama-server`.
+"""The fleet against what a user would run instead, side by side in one run: the llama.cpp
+worker against llama.cpp's `llama-server`, the ONNX and vLLM workers against their engines'
+own in-process loops (bench.inprocess).
 
-    python -m bench.vs_peers [--prompts 32] [--max-tokens 64] [--concurrency 16] [--threads 2]
-                             [--slots 8] [--ttft-prompts 8] [--rounds 2]
+    python -m bench.vs_peers [--backend llamacpp|onnx|vllm] [--prompts 32] [--max-tokens 64]
+                             [--concurrency 16] [--threads 2] [--slots 8] [--ttft-prompts 8]
+                             [--rounds 2]
 
+``--backend onnx`` / ``vllm`` (throughput of a batch): ``--prompts`` chat prompts (vLLM: 64
+unless given), greedy, ``--max-tokens``, all sent at once through ``Client.submit_many`` to
+`ib worker --backend B --threads T`, against onnxruntime-genai's own batched Generator
+(batches of the engine's batch_size) or one AsyncLLM with the worker's engine arguments,
+in this process. Generated tok/s from the first submit to the last result, per round,
+``--rounds`` rounds (default 3 here) with the side that goes first alternating; the ratio
+is the median of the per-round ratios. For ONNX it also counts the batches the worker
+formed (jobs whose first token came within 5 ms of each other share one).
+
+``--backend llamacpp`` (the default):
 Both sides serve the same GGUF (SmolLM2-135M-Instruct, the package's quantization) with
 the same threads and batch width: `ib worker --backend llamacpp --threads T` (``max_seqs``
 8, an 8192-token shared KV pool) driven through the fleet's Python ``Client`` streaming,
@@ -29,13 +41,28 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+import time
 
 from rich.console import Console
 from rich.table import Table
 
+from bench import inprocess
 from bench.fleet_overhead import prompts
-from bench.gateway import Arm, ClientArm, SdkArm, alternating, llama_server, peer_args, peer_setup, saturated, tagged
+from bench.gateway import (
+    Arm,
+    ClientArm,
+    PeerSetup,
+    SdkArm,
+    alternating,
+    llama_server,
+    peer_args,
+    peer_setup,
+    saturated,
+    tagged,
+)
 from bench.report import save
+from dispatcher.client import Client
 from ops.localfleet import WorkerProcess
 
 console = Console()
@@ -70,8 +97,98 @@ def summarize(rounds: list[dict], name: str) -> dict:
     }
 
 
+def batches_formed(first_tokens: list[float], within_s: float = 0.005) -> list[int]:
+    """Sizes of the batches a batching engine formed: jobs whose first token came within
+    ``within_s`` of the previous one's decoded in the same first step."""
+    sizes: list[int] = []
+    last = None
+    for t in sorted(first_tokens):
+        if last is not None and t - last <= within_s:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+        last = t
+    return sizes
+
+
+def fleet_batch(client: Client, texts: list[str], max_tokens: int) -> dict:
+    """Every prompt at once, as a batch user sends them; tok/s to the last result."""
+    jobs = [
+        {"model": inprocess.MODEL, "messages": [{"role": "user", "content": t}], "sampling": {"max_tokens": max_tokens}}
+        for t in texts
+    ]
+    client.submit(jobs[0] | {"sampling": {"max_tokens": 4}}).result(timeout=600)  # warm
+    t0 = time.perf_counter()
+    results = [h.result(timeout=1800) for h in client.submit_many(jobs)]
+    wall = time.perf_counter() - t0
+    firsts = [r.timings.first_token for r in results if r.timings.first_token is not None]
+    return inprocess.result(sum(r.usage.completion_tokens for r in results), wall, batches=batches_formed(firsts))
+
+
+def vs_inprocess(args: argparse.Namespace) -> int:
+    backend = args.backend
+    setup: PeerSetup = peer_setup(server=False)
+    texts = prompts(args.prompts)
+    rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
+    peer_name = {"onnx": "onnxruntime-genai batched Generator", "vllm": "AsyncLLM in-process"}[backend]
+    fleet_name = f"fleet {backend} worker"
+
+    def fleet_side(r: int) -> None:
+        worker = WorkerProcess(backend, setup.url, extra_args=[f"--threads={args.threads}"])
+        try:
+            with console.status(f"starting the {backend} worker..."):
+                worker.start().wait_ready(900)
+            with console.status(f"round {r + 1}: {fleet_name}, {len(texts)} jobs at once..."):
+                rounds[r][fleet_name] = fleet_batch(setup.client, texts, args.max_tokens)
+        finally:
+            worker.stop()
+
+    def peer_side(r: int) -> None:
+        run = inprocess.onnx_batched if backend == "onnx" else inprocess.vllm_async
+        with console.status(f"round {r + 1}: {peer_name}, {len(texts)} prompts..."):
+            rounds[r][peer_name] = run(texts, args.max_tokens, args.threads)
+
+    try:
+        alternating(args.rounds, fleet_side, peer_side)
+    finally:
+        setup.close()
+    per_round = [x[fleet_name]["tok_s"] / x[peer_name]["tok_s"] for x in rounds]
+    ratio = statistics.median(per_round)
+    table = Table(
+        title=f"{backend}: fleet vs {peer_name}, {len(texts)} chat prompts at once, greedy, "
+        f"{args.max_tokens} tokens, {args.threads} threads"
+    )
+    for col in ("side", "tok/s per round", "median", "tokens"):
+        table.add_column(col)
+    for name in (fleet_name, peer_name):
+        mine = [x[name] for x in rounds]
+        table.add_row(
+            name,
+            ", ".join(f"{m['tok_s']:.1f}" for m in mine),
+            f"{statistics.median(m['tok_s'] for m in mine):.1f}",
+            ", ".join(str(m["tokens"]) for m in mine),
+        )
+    table.add_row("fleet / in-process", ", ".join(f"{x:.2f}x" for x in per_round), f"{ratio:.2f}x", "")
+    console.print(table)
+    if backend == "onnx":
+        console.print(
+            "batches the worker formed, per round: " + "; ".join(str(x[fleet_name]["batches"]) for x in rounds)
+        )
+    path = save(f"vs_inprocess_{backend}", args, rounds=rounds, ratio=ratio, ratio_per_round=per_round)
+    console.print(f"written to {path}")
+    return 0
+
+
 def main() -> int:
-    args = peer_args(__doc__).parse_args()
+    ap = peer_args(__doc__)
+    ap.add_argument("--backend", choices=("llamacpp", "onnx", "vllm"), default="llamacpp")
+    args = ap.parse_args()
+    if args.backend != "llamacpp":
+        if "--rounds" not in sys.argv:
+            args.rounds = 3
+        if args.backend == "vllm" and "--prompts" not in sys.argv:
+            args.prompts = 64
+        return vs_inprocess(args)
     setup = peer_setup()
     texts = prompts(args.prompts)
     rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]

@@ -42,7 +42,7 @@ from dispatcher.jobs import (
 from dispatcher.registry import LiveRegistry, ModelRegistry, load_backends
 from dispatcher.routing import profiles
 from dispatcher.routing.context import might_overflow, serving_window
-from dispatcher.routing.decision import apply_affinity, cap_affinity, decide
+from dispatcher.routing.decision import Sent, apply_affinity, cap_affinity, decide
 from dispatcher.routing.prefix import PrefixHasher
 from dispatcher.store.hints import PrefixHints
 from dispatcher.store.jobstore import JobStore
@@ -146,9 +146,11 @@ class Client:
             )
         return parse_job(raw)
 
-    def decide(self, job: GenerationJob, fleet: FleetView) -> Selection:
+    def decide(self, job: GenerationJob, fleet: FleetView, sent: Sent | None = None) -> Selection:
         """The tree's backend, then (for backends that keep prompt KV state) the worker
-        holding the longest run of the prompt's leading blocks: one Redis round trip."""
+        for its prompt's prefix (apply_affinity: the blocks each worker holds and its
+        load, read live in one Redis round trip). ``sent``: what this dispatch has sent
+        so far, counted in; a job sent to a worker here is added to it."""
         model = self.registry.get(job.model)
         sel = decide(job, model, fleet, self.policy, self.backends, self.profile)
         window = serving_window(model, sel.config)
@@ -159,12 +161,22 @@ class Client:
         if not affinity or self.hints is None:
             return sel
         hashes = self.tokens.hashes(job, model, self.backends[sel.backend].prefix_block_tokens, ids=ids)
-        sel = apply_affinity(sel, hashes, self.hints.lookup(hashes), fleet, self.policy)
+        sent = Sent() if sent is None else sent
+        live = [w.worker_id for w in fleet.live(backend=sel.backend, model=sel.model)]
+        found = self.hints.lookup_for(hashes, live)
+        fleet = fleet.with_in_flight({w: n + sent.jobs[w] for w, n in found.in_flight.items()})
+        cached = {w: n + sent.blocks[w] for w, n in found.cached.items()}
+        sel = apply_affinity(sel, hashes, found.matched, fleet, self.policy, cached)
         if sel.affinity_worker is None:
             return sel
         holder = next((w for w in fleet.workers if w.worker_id == sel.affinity_worker), None)
         waiting = queued(self.redis, sel.queue, self.priorities.steps())
-        return cap_affinity(sel, waiting, holder.capacity if holder else 1, self.policy)
+        sel = cap_affinity(sel, waiting + sent.jobs[sel.affinity_worker], holder.capacity if holder else 1, self.policy)
+        if sel.affinity_worker:
+            sent.jobs[sel.affinity_worker] += 1
+            if found.matched.get(sel.affinity_worker, 0) < len(hashes):
+                sent.blocks[sel.affinity_worker] += len(hashes) - found.matched.get(sel.affinity_worker, 0)
+        return sel
 
     # ------------------------------------------------------------- submitting
 
@@ -175,7 +187,8 @@ class Client:
         """Validate and decide every job first (one fleet read); enqueue only if all pass."""
         parsed = [self._parse(j, {}) for j in jobs]
         fleet = self.workers()
-        selections = [self.decide(j, fleet) for j in parsed]
+        sent = Sent()  # what this dispatch sends each worker: not yet in its load or hints
+        selections = [self.decide(j, fleet, sent) for j in parsed]
         self.enqueue(list(zip(parsed, selections)))
         return [JobHandle(self, job.id, sel, job.stream) for job, sel in zip(parsed, selections)]
 

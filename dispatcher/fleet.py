@@ -8,6 +8,7 @@ it and a live worker redelivers the jobs it held (see workers.reaper).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import redis
@@ -115,15 +116,41 @@ class FleetView(BaseModel):
             and (gpu is None or (w.hardware.kind == "gpu") == gpu)
         ]
 
+    def with_in_flight(self, loads: Mapping[str, int]) -> FleetView:
+        """This view with the given workers' jobs in flight replaced (a live reading)."""
+        return self.model_copy(
+            update={
+                "workers": [
+                    w.model_copy(update={"in_flight": loads[w.worker_id]}) if w.worker_id in loads else w
+                    for w in self.workers
+                ]
+            }
+        )
+
     def unhealthy(self, backend: str, model: str) -> list[WorkerInfo]:
         """Workers that would serve but said they are unhealthy (for the decision's path)."""
         return [w for w in self.workers if not w.health.ok and w.backend == backend and model in w.models]
 
 
 def read_fleet(client: redis.Redis) -> FleetView:
-    """All live workers in two round trips (member list, then one MGET)."""
+    """All live workers in two round trips (member list, then their records and loads).
+
+    A worker's ``in_flight`` is the larger of its heartbeat's figure and the messages it
+    holds right now (``ib:inflight:<id>``, written as it receives and finishes each one):
+    a heartbeat is up to ``heartbeat.interval_s`` old, and prefix routing weighs load
+    against prefill, so a burst decided on the last beat's loads would follow stale ones."""
     ids = sorted(m.decode() if isinstance(m, bytes) else m for m in client.smembers(keys.WORKERS))
     if not ids:
         return FleetView()
-    raw = client.mget([keys.worker(i) for i in ids])
-    return FleetView(workers=[WorkerInfo.model_validate_json(r) for r in raw if r])
+    pipe = client.pipeline(transaction=False)
+    pipe.mget([keys.worker(i) for i in ids])
+    for i in ids:
+        pipe.hlen(keys.inflight(i))
+    raw, *held = pipe.execute()
+    workers = []
+    for record, now_held in zip(raw, held):
+        if record:
+            w = WorkerInfo.model_validate_json(record)
+            w.in_flight = max(w.in_flight, int(now_held))
+            workers.append(w)
+    return FleetView(workers=workers)

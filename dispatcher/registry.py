@@ -247,23 +247,25 @@ class BackendSpec(BaseModel):
         return config
 
 
-class PyTorchSpec(BackendSpec):
-    batch_size: int = Field(ge=1)  # jobs per static batch
-    max_wait_ms: float = Field(ge=0)  # how long the first job of a batch waits for company
+class BatchingSpec(BackendSpec):
+    """What an engine that forms its own batches (PyTorch eager, ONNX Runtime) is given:
+    workers.engines.batching says why a gap and a cap."""
+
+    batch_size: int = Field(ge=1)  # jobs per batch
+    arrival_gap_ms: float = Field(ge=0)  # a forming batch closes once no job came for this long
+    max_wait_ms: float = Field(ge=0)  # and at the latest this long after its oldest job arrived
+
+    @property
+    def sequences(self) -> int:
+        return self.batch_size
+
+
+class PyTorchSpec(BatchingSpec):
     dtype: str = "float32"
 
-    @property
-    def sequences(self) -> int:
-        return self.batch_size
 
-
-class OnnxSpec(BackendSpec):
-    batch_size: int = Field(ge=1)
-    max_wait_ms: float = Field(ge=0)
-
-    @property
-    def sequences(self) -> int:
-        return self.batch_size
+class OnnxSpec(BatchingSpec):
+    pass
 
 
 class VllmSpec(BackendSpec):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -70,11 +70,12 @@ class DecisionPolicy(Section):
     no_worker_policy: Literal["queue", "fallback", "reject"]
     fallback_order: dict[str, list[str]]
     # Prefix affinity: backends whose workers keep prompt KV state, the fewest leading
-    # blocks a worker must hold to be preferred, and how many blocks a fully loaded
-    # worker's score loses (score = blocks held - penalty x in_flight/capacity).
+    # blocks some worker must hold for affinity to apply, and what one job in flight on a
+    # worker costs against the share of the prompt it would evaluate
+    # (dispatcher.routing.decision.affinity_cost).
     prefix_affinity_backends: list[str]
     prefix_min_blocks: int
-    prefix_load_penalty_blocks: float
+    prefix_load_weight: float = Field(ge=0)
     # A worker's own queue holds at most this many jobs per unit of its capacity; past
     # it, a job goes to the shared queue rather than wait behind the holder's backlog.
     prefix_max_queued_per_slot: float

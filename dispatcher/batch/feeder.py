@@ -30,6 +30,7 @@ import redis
 
 from dispatcher.batch.records import job_error_record
 from dispatcher.jobs import GenerationJob, JobError, NoLiveWorkerError, Selection
+from dispatcher.routing.decision import Sent
 from dispatcher.store.batchstore import FINAL_STATUSES
 from dispatcher.store.keys import FEEDER_LEASE
 
@@ -160,12 +161,13 @@ class BatchFeeder:
         fleet = self.client.workers()
         now = time.time()
         ready: list[tuple[GenerationJob, Selection]] = []
+        sent = Sent()  # what this feed sends each worker (prefix routing counts it in)
         refused: list[tuple[GenerationJob, JobError]] = []
         for _, job_json in lines:
             job = GenerationJob.model_validate_json(job_json)
             job.submitted_at = now  # queue wait and TTFT count from the feed, not from upload
             try:
-                ready.append((job, self.client.decide(job, fleet)))
+                ready.append((job, self.client.decide(job, fleet, sent)))
             except NoLiveWorkerError:
                 break  # policy reject: wait for a worker, keeping the order
             except JobError as exc:

@@ -15,11 +15,17 @@ trimmed at each confirmation; each block's set expires a TTL after its last conf
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from dispatcher.store import keys
+
+
+class Lookup(NamedTuple):
+    matched: dict[str, int]  # worker -> leading blocks of the prompt it holds
+    in_flight: dict[str, int]  # worker -> messages it holds now
+    cached: dict[str, int]  # worker -> blocks it holds in all
 
 
 class PrefixHints:
@@ -30,20 +36,33 @@ class PrefixHints:
 
     def lookup(self, hashes: list[str]) -> dict[str, int]:
         """Worker → number of consecutive leading blocks it holds (one round trip)."""
+        return self.lookup_for(hashes, []).matched
+
+    def lookup_for(self, hashes: list[str], workers: list[str]) -> Lookup:
+        """The blocks each worker holds of these, and for each of ``workers`` the messages
+        it holds now (``ib:inflight:<id>``: received, not finished; a heartbeat's load is
+        seconds old) and how many blocks it holds in all: one round trip."""
         if not hashes:
-            return {}
+            return Lookup({}, {}, {})
         pipe = self.r.pipeline(transaction=False)
         fresh = time.time() - self.ttl_s
         for h in hashes:
             pipe.zrangebyscore(keys.prefix_block(h), fresh, "+inf")
-        holders = [{w.decode() for w in ws} for ws in pipe.execute()]
+        for w in workers:
+            pipe.hlen(keys.inflight(w))
+            pipe.zcard(keys.worker_blocks(w))
+        replies = pipe.execute()
+        counts = replies[len(hashes) :]
+        in_flight = {w: int(counts[2 * i]) for i, w in enumerate(workers)}
+        cached = {w: int(counts[2 * i + 1]) for i, w in enumerate(workers)}
+        holders = [{w.decode() for w in ws} for ws in replies[: len(hashes)]]
         matched: dict[str, int] = {}
         for worker in holders[0]:
             n = 0
             while n < len(holders) and worker in holders[n]:
                 n += 1
             matched[worker] = n
-        return matched
+        return Lookup(matched, in_flight, cached)
 
     def record(self, worker_id: str, hashes: list[str], client: Any = None) -> None:
         """``worker_id`` holds these blocks now (a dispatch to it, or a finished job);

@@ -47,8 +47,10 @@ def test_jobs_follow_their_prefix_and_a_dead_workers_hints_vanish(client, redis_
     b = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"])
     try:
         first = client.submit(job("When do you open?"))
-        assert affinity(first) == "shared queue" and first.selection.queue == "ib.llamacpp"  # nobody holds it yet
-        holder = first.result(timeout=300).worker
+        # nobody holds it yet: a new prefix, sent to a worker holding no blocks at all
+        holder = affinity(first)
+        assert holder in (a.worker_id, b.worker_id) and first.selection.queue == f"ib.llamacpp.{holder}"
+        assert first.result(timeout=300).worker == holder
         other = b.worker_id if holder == a.worker_id else a.worker_id
         blocks = len(first.selection.prefix_hashes)
         assert blocks >= 10 and PrefixHints(client.redis).lookup(first.selection.prefix_hashes) == {holder: blocks}
@@ -67,9 +69,12 @@ def test_jobs_follow_their_prefix_and_a_dead_workers_hints_vanish(client, redis_
         time.sleep(1.5)  # a heartbeat carries the engine's counters
         assert engine_stats(client, holder)["prefix_hits"] >= hits_before + 4
 
+        # another new prefix goes to the worker that holds fewer blocks: the other one
         fresh = client.submit(job("Hello?", system="You are a poet who only writes about the weather. " * 8))
-        assert affinity(fresh) == "shared queue"
-        fresh.result(timeout=300)
+        assert affinity(fresh) == other and fresh.result(timeout=300).worker == other
+        short = client.submit(model=MODEL, messages=[{"role": "user", "content": "Hi"}], sampling={"max_tokens": 2})
+        assert affinity(short) == "shared queue"  # too short to be worth routing
+        short.result(timeout=300)
 
         (a if holder == a.worker_id else b).kill()
         # A job sent to the dead worker's own queue (a dispatcher with a stale fleet view)

@@ -86,28 +86,76 @@ def test_the_worker_holding_the_longest_prefix_gets_the_job():
 
 
 @pytest.mark.parametrize(
-    ("matched", "loads", "why"),
+    ("hashes", "matched", "loads", "why"),
     [
-        ({}, (0, 0), "nobody holds it"),
-        ({"a": 3}, (0, 0), "too short a match"),
-        ({"a": 20}, (8, 0), "the holder is saturated"),
-        ({"gone": 32}, (0, 0), "the holder is not live"),
+        (HASHES[:3], {}, (0, 0), "a prompt shorter than prefix_min_blocks"),
+        (HASHES, {"a": 3}, (8, 8), "a new prefix while every worker is full"),
+        (HASHES, {"gone": 32}, (8, 8), "its holder is not live, and every live worker is full"),
     ],
 )
-def test_the_shared_queue_when_affinity_does_not_pay(matched, loads, why):
+def test_the_shared_queue_when_no_worker_is_worth_choosing(hashes, matched, loads, why):
     fleet = FleetView(workers=[worker("a", loads[0]), worker("b", loads[1])])
-    sel = apply_affinity(SEL, HASHES, matched, fleet, POLICY)
+    sel = apply_affinity(SEL, hashes, matched, fleet, POLICY)
     assert sel.queue == "ib.llamacpp" and sel.affinity_worker is None, why
-    assert sel.path[-1].answer == "shared queue" and sel.prefix_hashes == HASHES
+    assert sel.path[-1].answer == "shared queue" and sel.prefix_hashes == hashes
 
 
-def test_load_trades_against_blocks():
-    fleet = FleetView(workers=[worker("a", in_flight=4), worker("b", in_flight=0)])
-    # a holds 20 blocks at half load (score 12); b holds 10 idle (score 10): a wins
-    assert apply_affinity(SEL, HASHES, {"a": 20, "b": 10}, fleet, POLICY).affinity_worker == "a"
-    # with a heavier penalty, b wins
-    heavier = POLICY.model_copy(update={"prefix_load_penalty_blocks": 40})
-    assert apply_affinity(SEL, HASHES, {"a": 20, "b": 10}, fleet, heavier).affinity_worker == "b"
+def test_a_new_prefix_goes_to_the_worker_holding_the_fewest_blocks():
+    fleet = FleetView(workers=[worker("a"), worker("b", in_flight=2)])
+    # nobody holds 4 of its blocks: b holds fewer blocks in all, though it is busier
+    sel = apply_affinity(SEL, HASHES, {"a": 3}, fleet, POLICY, cached={"a": 900, "b": 40})
+    assert sel.queue == "ib.llamacpp.b" and sel.affinity_worker == "b"
+    assert "a new prefix" in sel.path[-1].detail and "(40)" in sel.path[-1].detail
+    # a full worker is no candidate, however little it holds
+    full = FleetView(workers=[worker("a"), worker("b", in_flight=8)])
+    assert apply_affinity(SEL, HASHES, {}, full, POLICY, cached={"a": 900, "b": 0}).affinity_worker == "a"
+
+
+def test_load_trades_against_uncached_prefill():
+    # cost = share of the prompt left to evaluate + 1.0 x load (in flight / capacity 8)
+    fleet = FleetView(workers=[worker("a", in_flight=6), worker("b", in_flight=0)])
+    # a holds 30/32 at 6/8 (cost 0.81); b holds 10 idle (0.69): b evaluates less than
+    # a's load is worth
+    assert apply_affinity(SEL, HASHES, {"a": 30, "b": 10}, fleet, POLICY).affinity_worker == "b"
+    # with a lighter weight on load, the longer match wins
+    lighter = POLICY.model_copy(update={"prefix_load_weight": 0.2})
+    assert apply_affinity(SEL, HASHES, {"a": 30, "b": 10}, fleet, lighter).affinity_worker == "a"
+
+
+def test_a_holder_keeps_its_jobs_until_it_is_fuller_than_a_whole_prefill_is_worth():
+    # one job running (a job that just finished, still counted): the holder keeps it
+    one = FleetView(workers=[worker("a", in_flight=1), worker("b")])
+    assert apply_affinity(SEL, HASHES, {"a": 32}, one, POLICY).affinity_worker == "a"
+    # past its capacity (a job would wait for a slot): an idle worker's own queue takes it
+    over = FleetView(workers=[worker("a", in_flight=9), worker("b")])
+    sel = apply_affinity(SEL, HASHES, {"a": 32}, over, POLICY)
+    assert sel.queue == "ib.llamacpp.b" and sel.affinity_worker == "b"
+    assert "a (holds 32) is at 9/8" in sel.path[-1].detail
+
+
+def test_one_dispatch_counts_what_it_sends_into_the_next_decisions():
+    """A burst of 8 new prefixes, then a burst of 16 jobs on the 4 prefixes worker a
+    holds: counting each send in (as Client.decide does with Sent) spreads the new
+    prefixes 4 / 4, and moves held ones only once a is past full."""
+    fleet = FleetView(workers=[worker("a"), worker("b")])
+    cached = {"a": 0, "b": 0}
+    placed = []
+    for _ in range(8):
+        sel = apply_affinity(SEL, HASHES, {}, fleet, POLICY, cached)
+        placed.append(sel.affinity_worker)
+        cached[sel.affinity_worker] += len(HASHES)
+    assert placed.count("a") == 4 and placed.count("b") == 4, placed
+    once = [apply_affinity(SEL, HASHES, {}, fleet, POLICY, {"a": 0, "b": 0}).affinity_worker for _ in range(8)]
+    assert set(once) == {"a"}  # without counting, every new prefix lands on one worker
+
+    loads = {"a": 0, "b": 0}
+    for _ in range(16):
+        view = fleet.with_in_flight(loads)
+        w = apply_affinity(SEL, HASHES, {"a": 32}, view, POLICY).affinity_worker
+        loads[w] += 1
+    # a keeps them until full; past that each job costs a whole prefill on b (b holds
+    # none of it until this dispatch's hints are written) against an eighth on a
+    assert loads == {"a": 12, "b": 4}, loads
 
 
 def test_backends_without_prefix_state_are_left_alone():

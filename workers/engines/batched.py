@@ -2,8 +2,9 @@
 a BatchQueue, and one scheduler thread that runs batch after batch.
 
 Static batching (PyTorch eager) and dynamic batching (ONNX Runtime) are the same loop
-with different defaults: how many jobs a batch takes and how long its first job waits
-for company (``batch_size``, ``max_wait_ms`` in config/backends.yaml).
+with different defaults: how many jobs a batch takes, how long a pause in arrivals closes
+a forming batch and how long its oldest job waits at most (``batch_size``,
+``arrival_gap_ms``, ``max_wait_ms`` in config/backends.yaml).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class BatchedEngine(HFTokenizerMixin, Engine[BatchedSpec]):
         return self.config.batch_size
 
     @property
+    def arrival_gap_s(self) -> float:
+        return self.config.arrival_gap_ms / 1000
+
+    @property
     def max_wait_s(self) -> float:
         return self.config.max_wait_ms / 1000
 
@@ -46,6 +51,7 @@ class BatchedEngine(HFTokenizerMixin, Engine[BatchedSpec]):
             **super().describe(),
             "batching": self.batching,
             "batch_size": self.batch_size,
+            "arrival_gap_ms": self.arrival_gap_s * 1000,
             "max_wait_ms": self.max_wait_s * 1000,
         }
 
@@ -64,7 +70,7 @@ class BatchedEngine(HFTokenizerMixin, Engine[BatchedSpec]):
         self.queue.put(request)
 
     def _loop(self) -> None:
-        while (batch := self.queue.next_batch(self.batch_size, self.max_wait_s)) is not None:
+        while (batch := self.queue.next_batch(self.batch_size, self.arrival_gap_s, self.max_wait_s)) is not None:
             try:
                 batch = self.drop_cancelled(batch)  # cancelled while waiting: never reaches the model
                 if batch:

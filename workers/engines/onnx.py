@@ -1,10 +1,12 @@
 """ONNX Runtime engine: onnxruntime-genai's Generator API with dynamic batching.
 
-Requests that arrive within ``max_wait_ms`` (default 10) of the first one, with the same
-sampling configuration, run together up to ``batch_size``. Prompts are right-padded, as
+Requests with the same sampling configuration that arrive together (no pause longer
+than ``arrival_gap_ms``, default 10, and within ``max_wait_ms`` of the oldest) run
+together up to ``batch_size``. Prompts are right-padded, as
 onnxruntime-genai requires (left padding gave wrong tokens). Rows end on their own
 max_tokens, stop string, EOS or cancel flag and are answered at once; the batch stops
-stepping when every row has ended.
+stepping when every row has ended. The model runs in a child process
+(workers.engines.onnx_process says why).
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnxruntime_genai as og
 from transformers import AutoTokenizer
 
 from dispatcher.registry import OnnxSpec
 from workers.engines.batched import BatchedEngine
 from workers.engines.decoding import BatchProgress
+from workers.engines.onnx_process import GeneratorProcess
 from workers.engines.request import EngineRequest
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,7 @@ class OnnxEngine(BatchedEngine[OnnxSpec]):
         path = self.model.artifact_path(self.format)
         check_onnx_folder(path)
         t0 = time.monotonic()
-        cfg = og.Config(str(path))
-        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": self.threads}}}}))
-        self.og_model = og.Model(cfg)
+        self.generator = GeneratorProcess(path, self.threads)  # the model steps outside this GIL
         genai = json.loads((path / "genai_config.json").read_text())["model"]
         eos = genai["eos_token_id"]
         self.eos_ids = list(eos) if isinstance(eos, list) else [eos]
@@ -55,23 +54,26 @@ class OnnxEngine(BatchedEngine[OnnxSpec]):
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.start_scheduler()
         log.info(
-            "onnx engine: %s (%s), %d threads, loaded in %.1f s",
+            "onnx engine: %s (%s), %d threads, generator process %s, loaded in %.1f s",
             self.model.name,
             self.format,
             self.threads,
+            self.generator.pid,
             time.monotonic() - t0,
         )
+
+    def close(self) -> None:
+        super().close()
+        if hasattr(self, "generator"):
+            self.generator.close()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "format": getattr(self, "format", None)}
 
     def run_batch(self, batch: list[EngineRequest]) -> None:
         width = max(len(r.prompt_ids) for r in batch)
-        ids = np.full((len(batch), width), self.pad_id, dtype=np.int32)
-        for i, r in enumerate(batch):
-            ids[i, : len(r.prompt_ids)] = r.prompt_ids  # right-padded
+        ids = [r.prompt_ids + [self.pad_id] * (width - len(r.prompt_ids)) for r in batch]  # right-padded
         s = batch[0].sampling
-        params = og.GeneratorParams(self.og_model)
         options: dict[str, Any] = {
             "max_length": width + max(r.sampling.max_tokens for r in batch),
             "batch_size": len(batch),
@@ -81,11 +83,6 @@ class OnnxEngine(BatchedEngine[OnnxSpec]):
             options.update(temperature=s.temperature, top_p=s.top_p, top_k=0)
             if s.seed is not None:
                 options["random_seed"] = s.seed
-        params.set_search_options(**options)
-        generator = og.Generator(self.og_model, params)
-        generator.append_tokens(ids)
         progress = BatchProgress(self, batch)
-        while not progress.all_done and not generator.is_done():
-            generator.generate_next_token()
-            progress.step([int(t) for t in generator.get_next_tokens()])
+        self.generator.run(ids, options, lambda tokens: all(progress.step(tokens)))
         progress.finish_rest()

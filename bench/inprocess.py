@@ -1,0 +1,124 @@
+"""The in-process loops a user would write instead of the fleet: the baselines of
+bench.vs_peers for the engines that have no server of their own here.
+
+* ONNX Runtime: onnxruntime-genai's own batched ``Generator``, the prompts in batches of
+  the engine's ``batch_size`` (right-padded, as the engine pads), one batch after another;
+* vLLM: one ``AsyncLLM`` with the worker's own engine arguments (VllmEngine.engine_args),
+  every prompt submitted at once, as vLLM's own examples do.
+
+Both use the model's chat template through the same HF tokenizer as the workers, greedy,
+the same max tokens, and count the tokens generated, the EOS that ends a row included
+(as the fleet's completion tokens count it: it cost a step). Each returns generated
+tokens, wall seconds and tok/s, and loads its model inside the call and frees it after,
+so only one engine is alive at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+from transformers import AutoTokenizer
+
+from dispatcher.registry import ModelRegistry, load_backends
+
+MODEL = "smollm2-135m"
+
+
+def chat_ids(tokenizer: Any, text: str) -> list[int]:
+    """A user message through the chat template, as workers.engines.hf_tokens encodes it."""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def result(tokens: int, wall_s: float, **extra: Any) -> dict:
+    return {"tokens": tokens, "wall_s": wall_s, "tok_s": tokens / wall_s, **extra}
+
+
+def onnx_batched(texts: list[str], max_tokens: int, threads: int, fmt: str = "onnx") -> dict:
+    """onnxruntime-genai's Generator, ``batch_size`` prompts a batch (config/backends.yaml)."""
+    import onnxruntime_genai as og
+
+    spec = ModelRegistry.from_config().get(MODEL)
+    batch_size = load_backends()["onnx"].for_model(spec).batch_size
+    path = spec.artifact_path(fmt)
+    cfg = og.Config(str(path))
+    cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+    model = og.Model(cfg)
+    genai = json.loads((path / "genai_config.json").read_text())["model"]
+    eos = genai["eos_token_id"]
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    pad = int(genai.get("pad_token_id", min(eos_ids)))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+
+    def generate(batch: list[str], max_tokens: int) -> int:
+        prompts = [chat_ids(tokenizer, t) for t in batch]
+        width = max(map(len, prompts))
+        ids = np.full((len(prompts), width), pad, dtype=np.int32)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = p
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=width + max_tokens, batch_size=len(prompts), do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(ids)
+        counts, ended = [0] * len(prompts), [False] * len(prompts)
+        while not all(ended) and not generator.is_done():
+            generator.generate_next_token()
+            for i, t in enumerate(generator.get_next_tokens()):
+                if not ended[i]:
+                    ended[i] = int(t) in eos_ids or counts[i] + 1 >= max_tokens
+                    counts[i] += 1
+        return sum(counts)
+
+    generate(texts[:1], 4)  # warm: the first run allocates
+    t0 = time.perf_counter()
+    tokens = sum(generate(texts[i : i + batch_size], max_tokens) for i in range(0, len(texts), batch_size))
+    wall = time.perf_counter() - t0
+    return result(tokens, wall, batch_size=batch_size)  # the model goes with this frame
+
+
+def vllm_async(texts: list[str], max_tokens: int, threads: int) -> dict:
+    """One AsyncLLM with the worker's engine arguments, every prompt at once."""
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from workers.engines.vllm import VllmEngine
+
+    spec = ModelRegistry.from_config().get(MODEL)
+    engine = VllmEngine(spec, load_backends()["vllm"].for_model(spec), threads=threads)
+    path = spec.artifact_path("hf")
+    cfg = engine.config
+    # what VllmEngine.load sets before vLLM starts: the KV cache and the cores it binds to
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cfg.kv_cache_gib:g}")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0))[:threads])))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompts = [{"prompt_token_ids": chat_ids(tokenizer, t)} for t in texts]
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, skip_special_tokens=True)
+
+    async def run() -> dict:
+        llm = AsyncLLM.from_engine_args(engine.engine_args(str(path)))
+        try:
+
+            async def one(i: int) -> int:
+                n = 0
+                async for out in llm.generate(prompts[i], sampling, request_id=f"bench-{i}-{time.time_ns()}"):
+                    n = len(out.outputs[0].token_ids)
+                return n
+
+            await one(0)  # warm: the first request compiles and allocates
+            t0 = time.perf_counter()
+            counts = await asyncio.gather(*(one(i) for i in range(len(prompts))))
+            return result(sum(counts), time.perf_counter() - t0, max_num_seqs=engine.max_num_seqs)
+        finally:
+            llm.shutdown()
+
+    out = asyncio.run(run())
+    gc.collect()
+    return out

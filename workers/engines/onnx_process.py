@@ -1,0 +1,136 @@
+"""onnxruntime-genai's Generator in a child process of the worker.
+
+Why a process: ``Generator.generate_next_token`` holds the GIL for its whole step (~40 ms
+for 16 rows of SmolLM2 on 2 cores; measured: another thread woke once per step). In the
+worker that starved every other thread: Celery's consumer took one message per step or
+so while a batch decoded, a job's hand-over (a few Redis round trips, each waiting for
+the GIL) took hundreds of milliseconds, and a burst of 32 jobs reached the engine as
+batches of 16, 15 and 1. In its own process the model steps without the worker's GIL.
+
+The protocol is JSON over a pipe (never pickle), one message each way per event:
+parent → child ``{"ids": [[...]], "options": {...}}`` (a batch; right-padded rows),
+``{"stop": true}`` (every row has ended: the batch stops at the next step), ``{"close":
+true}``; child → parent ``{"ready": true}`` once loaded, ``{"tokens": [...]}`` per step,
+``{"done": true}`` when the batch ended, ``{"error": "..."}`` when it failed. The child
+does not wait for the parent between steps; a stop arrives a step late at most, and the
+parent drops what comes after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from dispatcher.jobs import EngineError
+
+log = logging.getLogger(__name__)
+LOAD_TIMEOUT_S = 300
+
+
+def send(conn: Connection, **message: Any) -> None:
+    conn.send_bytes(json.dumps(message).encode())
+
+
+def receive(conn: Connection) -> dict[str, Any]:
+    return json.loads(conn.recv_bytes())
+
+
+def serve(conn: Connection, path: str, threads: int) -> None:
+    """The child: load the model, then run batch after batch until told to close."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    try:
+        cfg = og.Config(path)
+        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        model = og.Model(cfg)
+    except Exception as exc:
+        log.exception("onnx generator process: loading %s failed", path)
+        send(conn, error=f"{type(exc).__name__}: {exc}")
+        return
+    send(conn, ready=True)
+    while True:
+        try:
+            msg = receive(conn)
+        except EOFError:  # the worker is gone
+            return
+        if msg.get("close"):
+            return
+        if "ids" not in msg:
+            continue  # a stop that came after its batch had ended
+        try:
+            params = og.GeneratorParams(model)
+            params.set_search_options(**msg["options"])
+            generator = og.Generator(model, params)
+            generator.append_tokens(np.array(msg["ids"], dtype=np.int32))
+            while not generator.is_done():
+                if conn.poll() and receive(conn).get("stop"):
+                    break
+                generator.generate_next_token()
+                send(conn, tokens=[int(t) for t in generator.get_next_tokens()])
+            del generator
+            send(conn, done=True)
+        except Exception as exc:  # a bad batch fails that batch, not the process
+            log.exception("onnx generator process: a batch failed")
+            send(conn, error=f"{type(exc).__name__}: {exc}")
+
+
+class GeneratorProcess:
+    """The parent's handle: one batch at a time (the engine's scheduler thread)."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        ctx = multiprocessing.get_context("spawn")  # never fork a process with threads
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=serve, args=(child, str(path), threads), name="onnx-generator", daemon=True)
+        self.proc.start()
+        child.close()
+        if not self.conn.poll(LOAD_TIMEOUT_S):
+            self.close()
+            raise EngineError(f"the ONNX generator process did not load {path} in {LOAD_TIMEOUT_S} s")
+        msg = self._receive()
+        if "error" in msg:
+            self.close()
+            raise EngineError(f"the ONNX generator process could not load {path}: {msg['error']}")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
+    def _receive(self) -> dict[str, Any]:
+        try:
+            return receive(self.conn)
+        except EOFError:
+            raise EngineError(f"the ONNX generator process exited (code {self.proc.exitcode})") from None
+
+    def run(self, ids: list[list[int]], options: dict[str, Any], on_step: Callable[[list[int]], bool]) -> None:
+        """Decode one batch; ``on_step`` gets each step's tokens (one per row) and says
+        whether every row has ended, which stops the batch."""
+        if not self.proc.is_alive():
+            raise EngineError(f"the ONNX generator process exited (code {self.proc.exitcode})")
+        send(self.conn, ids=ids, options=options)
+        stopped = False
+        while True:
+            msg = self._receive()
+            if "error" in msg:
+                raise EngineError(f"onnxruntime-genai: {msg['error']}")
+            if msg.get("done"):
+                return
+            if not stopped and on_step(msg["tokens"]):
+                send(self.conn, stop=True)
+                stopped = True
+
+    def close(self) -> None:
+        try:
+            send(self.conn, close=True)
+        except OSError:
+            pass
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        self.conn.close()
