@@ -19,10 +19,11 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from dispatcher.jobs import EngineError
 from dispatcher.registry import OnnxSpec
 from workers.engines.batched import BatchedEngine
 from workers.engines.decoding import BatchProgress
-from workers.engines.onnx_process import GeneratorProcess
+from workers.engines.onnx_process import GeneratorFailed, GeneratorProcess
 from workers.engines.request import EngineRequest
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,10 @@ class OnnxEngine(BatchedEngine[OnnxSpec]):
         path = self.model.artifact_path(self.format)
         check_onnx_folder(path)
         t0 = time.monotonic()
-        self.generator = GeneratorProcess(path, self.threads)  # the model steps outside this GIL
+        try:
+            self.generator = GeneratorProcess(path, self.threads)  # the model steps outside this GIL
+        except GeneratorFailed as exc:
+            raise EngineError(str(exc)) from None
         genai = json.loads((path / "genai_config.json").read_text())["model"]
         eos = genai["eos_token_id"]
         self.eos_ids = list(eos) if isinstance(eos, list) else [eos]
@@ -84,5 +88,8 @@ class OnnxEngine(BatchedEngine[OnnxSpec]):
             if s.seed is not None:
                 options["random_seed"] = s.seed
         progress = BatchProgress(self, batch)
-        self.generator.run(ids, options, lambda tokens: all(progress.step(tokens)))
+        try:
+            self.generator.run(ids, options, lambda tokens: all(progress.step(tokens)))
+        except GeneratorFailed as exc:
+            raise EngineError(str(exc)) from None  # the batch's jobs fail with it (BatchedEngine)
         progress.finish_rest()

@@ -7,7 +7,11 @@ so while a batch decoded, a job's hand-over (a few Redis round trips, each waiti
 the GIL) took hundreds of milliseconds, and a burst of 32 jobs reached the engine as
 batches of 16, 15 and 1. In its own process the model steps without the worker's GIL.
 
-The protocol is JSON over a pipe (never pickle), one message each way per event:
+The child is a plain ``python -m workers.engines.onnx_process`` (not multiprocessing's
+spawn, which would import the worker's whole command line again in the child), given one
+end of a socket pair; it imports numpy, onnxruntime-genai and the engines package's own
+light imports, not the worker's command line, Celery or transformers.
+The protocol is JSON over that socket (never pickle), one message each way per event:
 parent → child ``{"ids": [[...]], "options": {...}}`` (a batch; right-padded rows),
 ``{"stop": true}`` (every row has ended: the batch stops at the next step), ``{"close":
 true}``; child → parent ``{"ready": true}`` once loaded, ``{"tokens": [...]}`` per step,
@@ -18,18 +22,24 @@ parent drops what comes after it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
-import multiprocessing
+import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from dispatcher.jobs import EngineError
-
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 300
+
+
+class GeneratorFailed(RuntimeError):
+    """The child could not load the model, failed a batch, or exited; the engine turns
+    it into the job's EngineError."""
 
 
 def send(conn: Connection, **message: Any) -> None:
@@ -84,40 +94,43 @@ class GeneratorProcess:
     """The parent's handle: one batch at a time (the engine's scheduler thread)."""
 
     def __init__(self, path: Path, threads: int) -> None:
-        ctx = multiprocessing.get_context("spawn")  # never fork a process with threads
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, str(path), threads), name="onnx-generator", daemon=True)
-        self.proc.start()
-        child.close()
+        mine, theirs = socket.socketpair()
+        fd = theirs.fileno()
+        cmd = [sys.executable, "-m", __name__, f"--fd={fd}", f"--path={path}", f"--threads={threads}"]
+        # Same process group as the worker: a kill of the worker's group takes it too;
+        # if only the worker dies, the child reads EOF and exits.
+        self.proc = subprocess.Popen(cmd, pass_fds=(fd,), stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(mine.detach())
         if not self.conn.poll(LOAD_TIMEOUT_S):
             self.close()
-            raise EngineError(f"the ONNX generator process did not load {path} in {LOAD_TIMEOUT_S} s")
+            raise GeneratorFailed(f"the ONNX generator process did not load {path} in {LOAD_TIMEOUT_S} s")
         msg = self._receive()
         if "error" in msg:
             self.close()
-            raise EngineError(f"the ONNX generator process could not load {path}: {msg['error']}")
+            raise GeneratorFailed(f"the ONNX generator process could not load {path}: {msg['error']}")
 
     @property
-    def pid(self) -> int | None:
+    def pid(self) -> int:
         return self.proc.pid
 
     def _receive(self) -> dict[str, Any]:
         try:
             return receive(self.conn)
-        except EOFError:
-            raise EngineError(f"the ONNX generator process exited (code {self.proc.exitcode})") from None
+        except (EOFError, OSError):
+            raise GeneratorFailed(f"the ONNX generator process exited (code {self.proc.poll()})") from None
 
     def run(self, ids: list[list[int]], options: dict[str, Any], on_step: Callable[[list[int]], bool]) -> None:
         """Decode one batch; ``on_step`` gets each step's tokens (one per row) and says
         whether every row has ended, which stops the batch."""
-        if not self.proc.is_alive():
-            raise EngineError(f"the ONNX generator process exited (code {self.proc.exitcode})")
+        if self.proc.poll() is not None:
+            raise GeneratorFailed(f"the ONNX generator process exited (code {self.proc.returncode})")
         send(self.conn, ids=ids, options=options)
         stopped = False
         while True:
             msg = self._receive()
             if "error" in msg:
-                raise EngineError(f"onnxruntime-genai: {msg['error']}")
+                raise GeneratorFailed(f"onnxruntime-genai: {msg['error']}")
             if msg.get("done"):
                 return
             if not stopped and on_step(msg["tokens"]):
@@ -129,8 +142,23 @@ class GeneratorProcess:
             send(self.conn, close=True)
         except OSError:
             pass
-        self.proc.join(timeout=10)
-        if self.proc.is_alive():
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.join(timeout=5)
+            self.proc.wait(timeout=5)
         self.conn.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="onnxruntime-genai's Generator for one ONNX worker (internal)")
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--path", required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    serve(Connection(args.fd), args.path, args.threads)
+
+
+if __name__ == "__main__":
+    main()
