@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
-import os
 import time
 from typing import Any
 
@@ -26,6 +24,7 @@ import numpy as np
 from transformers import AutoTokenizer
 
 from dispatcher.registry import ModelRegistry, load_backends
+from workers.engines.onnx_process import load_model, special_ids
 
 MODEL = "smollm2-135m"
 
@@ -49,13 +48,9 @@ def onnx_batched(texts: list[str], max_tokens: int, threads: int, fmt: str = "on
     spec = ModelRegistry.from_config().get(MODEL)
     batch_size = load_backends()["onnx"].for_model(spec).batch_size
     path = spec.artifact_path(fmt)
-    cfg = og.Config(str(path))
-    cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
-    model = og.Model(cfg)
-    genai = json.loads((path / "genai_config.json").read_text())["model"]
-    eos = genai["eos_token_id"]
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
-    pad = int(genai.get("pad_token_id", min(eos_ids)))
+    model = load_model(path, threads)
+    eos, pad = special_ids(path)
+    eos_ids = set(eos)
     tokenizer = AutoTokenizer.from_pretrained(path)
 
     def generate(batch: list[str], max_tokens: int) -> int:
@@ -94,10 +89,7 @@ def vllm_async(texts: list[str], max_tokens: int, threads: int) -> dict:
     spec = ModelRegistry.from_config().get(MODEL)
     engine = VllmEngine(spec, load_backends()["vllm"].for_model(spec), threads=threads)
     path = spec.artifact_path("hf")
-    cfg = engine.config
-    # what VllmEngine.load sets before vLLM starts: the KV cache and the cores it binds to
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cfg.kv_cache_gib:g}")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0))[:threads])))
+    engine.set_environment()  # what the worker sets before vLLM starts: KV cache, bound cores
     tokenizer = AutoTokenizer.from_pretrained(path)
     prompts = [{"prompt_token_ids": chat_ids(tokenizer, t)} for t in texts]
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, skip_special_tokens=True)
@@ -150,9 +142,7 @@ def first_token_ms(backend: str, texts: list[str], threads: int) -> list[float]:
         import onnxruntime_genai as og
 
         path = spec.artifact_path("onnx")
-        cfg = og.Config(str(path))
-        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
-        model = og.Model(cfg)
+        model = load_model(path, threads)
         tokenizer = AutoTokenizer.from_pretrained(path)
 
         def first(text: str) -> None:

@@ -172,10 +172,9 @@ class Client:
         holder = next((w for w in fleet.workers if w.worker_id == sel.affinity_worker), None)
         waiting = queued(self.redis, sel.queue, self.priorities.steps())
         sel = cap_affinity(sel, waiting + sent.jobs[sel.affinity_worker], holder.capacity if holder else 1, self.policy)
-        if sel.affinity_worker:
+        if sel.affinity_worker:  # it will hold the blocks it lacked: the next decisions count them
             sent.jobs[sel.affinity_worker] += 1
-            if found.matched.get(sel.affinity_worker, 0) < len(hashes):
-                sent.blocks[sel.affinity_worker] += len(hashes) - found.matched.get(sel.affinity_worker, 0)
+            sent.blocks[sel.affinity_worker] += len(hashes) - found.matched.get(sel.affinity_worker, 0)
         return sel
 
     # ------------------------------------------------------------- submitting

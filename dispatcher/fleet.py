@@ -133,24 +133,9 @@ class FleetView(BaseModel):
 
 
 def read_fleet(client: redis.Redis) -> FleetView:
-    """All live workers in two round trips (member list, then their records and loads).
-
-    A worker's ``in_flight`` is the larger of its heartbeat's figure and the messages it
-    holds right now (``ib:inflight:<id>``, written as it receives and finishes each one):
-    a heartbeat is up to ``heartbeat.interval_s`` old, and prefix routing weighs load
-    against prefill, so a burst decided on the last beat's loads would follow stale ones."""
+    """All live workers in two round trips (member list, then one MGET)."""
     ids = sorted(m.decode() if isinstance(m, bytes) else m for m in client.smembers(keys.WORKERS))
     if not ids:
         return FleetView()
-    pipe = client.pipeline(transaction=False)
-    pipe.mget([keys.worker(i) for i in ids])
-    for i in ids:
-        pipe.hlen(keys.inflight(i))
-    raw, *held = pipe.execute()
-    workers = []
-    for record, now_held in zip(raw, held):
-        if record:
-            w = WorkerInfo.model_validate_json(record)
-            w.in_flight = max(w.in_flight, int(now_held))
-            workers.append(w)
-    return FleetView(workers=workers)
+    raw = client.mget([keys.worker(i) for i in ids])
+    return FleetView(workers=[WorkerInfo.model_validate_json(r) for r in raw if r])

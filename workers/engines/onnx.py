@@ -11,7 +11,6 @@ stepping when every row has ended. The model runs in a child process
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from dispatcher.jobs import EngineError
 from dispatcher.registry import OnnxSpec
 from workers.engines.batched import BatchedEngine
 from workers.engines.decoding import BatchProgress
-from workers.engines.onnx_process import GeneratorFailed, GeneratorProcess
+from workers.engines.onnx_process import GeneratorFailed, GeneratorProcess, special_ids
 from workers.engines.request import EngineRequest
 
 log = logging.getLogger(__name__)
@@ -51,10 +50,7 @@ class OnnxEngine(BatchedEngine[OnnxSpec]):
             self.generator = GeneratorProcess(path, self.threads)  # the model steps outside this GIL
         except GeneratorFailed as exc:
             raise EngineError(str(exc)) from None
-        genai = json.loads((path / "genai_config.json").read_text())["model"]
-        eos = genai["eos_token_id"]
-        self.eos_ids = list(eos) if isinstance(eos, list) else [eos]
-        self.pad_id = int(genai.get("pad_token_id", self.eos_ids[0]))
+        self.eos_ids, self.pad_id = special_ids(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.start_scheduler()
         log.info(

@@ -50,15 +50,31 @@ def receive(conn: Connection) -> dict[str, Any]:
     return json.loads(conn.recv_bytes())
 
 
+def load_model(path: str | Path, threads: int) -> Any:
+    """An onnxruntime-genai model with ``threads`` intra-op threads (the child's, and the
+    benchmarks' in-process baseline: the same settings both sides)."""
+    import onnxruntime_genai as og
+
+    cfg = og.Config(str(path))
+    cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+    return og.Model(cfg)
+
+
+def special_ids(path: Path) -> tuple[list[int], int]:
+    """(EOS ids, pad id) from the folder's genai_config.json; pad defaults to the first EOS."""
+    genai = json.loads((path / "genai_config.json").read_text())["model"]
+    eos = genai["eos_token_id"]
+    eos_ids = list(eos) if isinstance(eos, list) else [eos]
+    return eos_ids, int(genai.get("pad_token_id", eos_ids[0]))
+
+
 def serve(conn: Connection, path: str, threads: int) -> None:
     """The child: load the model, then run batch after batch until told to close."""
     import numpy as np
     import onnxruntime_genai as og
 
     try:
-        cfg = og.Config(path)
-        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
-        model = og.Model(cfg)
+        model = load_model(path, threads)
     except Exception as exc:
         log.exception("onnx generator process: loading %s failed", path)
         send(conn, error=f"{type(exc).__name__}: {exc}")

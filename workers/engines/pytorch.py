@@ -1,11 +1,11 @@
 """PyTorch eager engine: transformers ``generate`` with static batching.
 
 Jobs with the same sampling configuration are padded on the left into one batch (up to
-``batch_size``, formed as workers.engines.batching says: ``arrival_gap_ms``, ``max_wait_ms``) and decoded together. A
-per-step monitor (a StoppingCriteria) records each row's tokens and first-token time,
-and ends a row on its own max_tokens, stop string, EOS or cancel flag, so jobs in one
-batch may ask for different lengths; a row that ends is answered at once, while the
-rest of its batch decodes on.
+``batch_size``, closed as workers.engines.batching says: ``arrival_gap_ms``,
+``max_wait_ms``) and decoded together. A per-step monitor (a StoppingCriteria) records
+each row's tokens and first-token time, and ends a row on its own max_tokens, stop
+string, EOS or cancel flag, so jobs in one batch may ask for different lengths; a row
+that ends is answered at once, while the rest of its batch decodes on.
 """
 
 from __future__ import annotations

