@@ -74,7 +74,9 @@ def messages(text: str) -> list[dict]:
 
 
 def tagged(texts: list[str], arm: str, phase: str) -> list[str]:
-    """The prompts with a tag of one length, unique to this arm and phase, in front."""
+    """The prompts with a tag of one length, unique to this arm and phase, in front. Arms
+    served by different engines get the same ``arm`` (""): the same prompts, so the same
+    answers and the same work; arms that share one engine get their own."""
     return [f"[{arm[:2]}{phase}{i:03d}] {t}" for i, t in enumerate(texts)]
 
 

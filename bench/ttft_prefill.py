@@ -4,8 +4,8 @@
                                  [--threads 2]
 
 The same chat prompts (about 50 tokens with the chat template; each starts with a tag
-unique to its side and round, so no side is served from a prompt the other left behind),
-one at a time:
+unique to its round, so no engine is served from a prompt an earlier round left behind;
+both sides get the same tags, so the same token counts), one at a time:
 
 * in-process: the engine's own library with nothing of ours around it (bench.inprocess
   .first_token_ms): onnxruntime-genai's Generator, llama-cpp-python's ``Llama``,
@@ -74,7 +74,7 @@ def main() -> int:
                     arm.run(f"[warm{r}] {texts[0]}", 2, True)
                     mine = []
                     with console.status(f"round {r + 1}: {backend} through the fleet..."):
-                        for text in tagged(texts, "fleet", f"{r}"):
+                        for text in tagged(texts, "", f"{r}"):
                             t0 = time.perf_counter()
                             handle = setup.client.submit(
                                 model=inprocess.MODEL,
@@ -92,7 +92,7 @@ def main() -> int:
 
             def peer_side(r: int, backend: str = backend, got: dict = got) -> None:
                 with console.status(f"round {r + 1}: {backend} in-process..."):
-                    mine = inprocess.first_token_ms(backend, tagged(texts, "inproc", f"{r}"), args.threads)
+                    mine = inprocess.first_token_ms(backend, tagged(texts, "", f"{r}"), args.threads)
                 got["in_process_ms"] += mine
                 got["rounds"][r]["in_process_p50_ms"] = percentile(mine, 50)
 

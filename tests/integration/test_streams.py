@@ -60,3 +60,24 @@ def test_a_stream_expires_even_when_its_worker_dies_before_the_end_entry(r):
     job = uuid.uuid4().hex
     publish(r, job, [(1, ["partial"], None)])
     assert 0 < r.ttl(keys.stream(job)) <= 600
+
+
+def test_the_first_delta_and_the_end_go_out_at_once_while_text_between_them_is_paced(r):
+    """A reader gets the first token and the end of a job without waiting for the
+    publisher's pacing (here 3 s, far above what a prompt write takes)."""
+    job = uuid.uuid4().hex
+    pub = StreamPublisher(r, ttl_s=600, flush_s=3.0)
+    try:
+        pub.delta(job, "Hello")
+        first = r.xread({keys.stream(job): "0-0"}, block=1000)  # a bug holding it back: None
+        assert first and first[0][1][0][1][b"d"] == b"Hello"
+        pub.delta(job, " wor")
+        pub.delta(job, "ld")
+        pub.end(job, "completed")
+        # the end cuts the pacing short: all of it within a second, the paced deltas merged
+        assert "".join(read_stream(r, job, timeout=1)) == "Hello world"
+        entries = r.xrange(keys.stream(job))
+        assert [e[1].get(b"d") for e in entries] == [b"Hello", b" world", None]
+        assert 0 < r.ttl(keys.stream(job)) <= 600
+    finally:
+        pub.close()
