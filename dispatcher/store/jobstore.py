@@ -18,7 +18,7 @@ from dispatcher.jobs import JobStatus, UnknownJobError
 from dispatcher.store import keys
 from dispatcher.store.batchstore import RECORD_LINE_FN, line_keys
 
-# BLPOP waits in slices shorter than redis-py's default socket timeout (5 s), which
+# BLMOVE waits in slices shorter than redis-py's default socket timeout (5 s), which
 # would otherwise cut a longer blocking call as a TimeoutError.
 WAIT_SLICE_S = 2.0
 
@@ -51,6 +51,7 @@ class JobStore:
         self._begin = client.register_script(self._BEGIN)
         self._finish = client.register_script(self._FINISH)
         self._finish_with_line = client.register_script(self._FINISH_WITH_LINE)
+        self._claim = client.register_script(self._CLAIM)
 
     # One script per job, all jobs in one pipeline: create the record only if the id is
     # new, so resubmitting a job id never enqueues it twice.
@@ -63,12 +64,19 @@ class JobStore:
 
     def claim(self, records: list[tuple[str, dict[str, Any]]]) -> list[bool]:
         """Create the records of new jobs ((job id, submit-time fields), in order) in one
-        round trip; False for an id that is already known, or repeated in ``records``."""
-        script = self.r.register_script(self._CLAIM)
+        round trip; False for an id that is already known, or repeated in ``records``.
+
+        One record is one EVALSHA: redis-py's pipeline asks SCRIPT EXISTS first on every
+        execute, a second round trip on each single submit."""
+        calls = [
+            ([keys.job(job_id)], [self.ttl_s, *(x for k, v in fields.items() for x in (k, _enc(v)))])
+            for job_id, fields in records
+        ]
+        if len(calls) == 1:
+            return [bool(self._claim(keys=calls[0][0], args=calls[0][1]))]
         pipe = self.r.pipeline(transaction=False)
-        for job_id, fields in records:
-            flat = [x for k, v in fields.items() for x in (k, _enc(v))]
-            script(keys=[keys.job(job_id)], args=[self.ttl_s, *flat], client=pipe)
+        for script_keys, args in calls:
+            self._claim(keys=script_keys, args=args, client=pipe)
         return [bool(created) for created in pipe.execute()]
 
     # A delivery either finds the final outcome (a redelivered job that already finished),
@@ -156,9 +164,12 @@ class JobStore:
         """Block until the job has its final outcome; None after ``timeout`` seconds,
         UnknownJobError if no such job was submitted (checked in the same first read).
 
-        The finisher pushes one token on ``ib:done:<id>``; a waiter that pops it pushes it
-        back in the same round trip as its read, so any number of waiters wake, and no
-        process needs a pub/sub listener.
+        The finisher pushes one token on ``ib:done:<id>``. A waiter blocks on it with
+        BLMOVE from the list to itself, which hands the token over without removing it, so
+        any number of waiters wake and no process needs a pub/sub listener; the record is
+        read in the same pipeline, by Redis right after the BLMOVE returns, so a waiter
+        has the outcome one round trip after the finish (a pop, then a push-back and a
+        read, took two).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         pipe = self.r.pipeline(transaction=False)
@@ -174,11 +185,8 @@ class JobStore:
             remaining = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
             if remaining <= 0:
                 return None
-            token = self.r.blpop([keys.done(job_id)], timeout=max(remaining, 0.01))
             pipe = self.r.pipeline(transaction=False)
-            if token is not None:
-                _push_back(pipe, job_id, token[1])
-            pipe.hmget(keys.job(job_id), "final", "result", "error")
+            _wake_then_read(pipe, job_id, remaining)
             final = _final(pipe.execute()[-1])
         return final
 
@@ -228,24 +236,19 @@ async def wait_async(
         remaining = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
         if remaining <= 0:
             return None
-        token = await client.blpop([keys.done(job_id)], timeout=max(remaining, 0.01))
         pipe = client.pipeline(transaction=False)
-        if token is not None:
-            _push_back(pipe, job_id, token[1])
-        pipe.hmget(keys.job(job_id), "final", "result", "error")
+        _wake_then_read(pipe, job_id, remaining)
         final = _final((await pipe.execute())[-1])
     return final
 
 
-# The token a waiter pushes back only has to wake the others blocked right now (each looks
-# at the record again within WAIT_SLICE_S): popping it deleted the list and its TTL, so the
-# push-back sets one, or every waited-on job would leave its token in Redis for good.
-DONE_TOKEN_TTL_S = 60
-
-
-def _push_back(pipe: Any, job_id: str, token: bytes) -> None:
-    pipe.rpush(keys.done(job_id), token)
-    pipe.expire(keys.done(job_id), DONE_TOKEN_TTL_S)
+def _wake_then_read(pipe: Any, job_id: str, timeout: float) -> None:
+    """Wait up to ``timeout`` for the job's done token (rotated in place: it stays for the
+    other waiters and expires with the record), then read the record. Redis runs a
+    client's commands in order, so the read waits for the BLMOVE in the server."""
+    done = keys.done(job_id)
+    pipe.blmove(done, done, max(timeout, 0.01), "LEFT", "RIGHT")
+    pipe.hmget(keys.job(job_id), "final", "result", "error")
 
 
 def _final(values: list[bytes | None]) -> tuple[str, dict[str, Any]] | None:
