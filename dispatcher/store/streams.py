@@ -143,22 +143,22 @@ class StreamPublisher:
         if not items:
             return
         entries = merged(items)
+        # The TTL is set on a stream's first write (one whose worker dies before its end
+        # entry still expires) and again at its end (it lives as long as the job record).
+        ended = {e[0] for e in entries if e[1] == "end"}
+        started = {e[0] for e in entries if e[0] not in self._expiring} - ended
         try:
             pipe = self.r.pipeline(transaction=False)
             for job_id, field, value, attempt in entries:
                 pipe.xadd(keys.stream(job_id), {field: value, "a": attempt})
-            # The TTL is set on a stream's first write (one whose worker dies before its end
-            # entry still expires) and again at its end (it lives as long as the job record).
-            for job_id, field, _, _ in entries:
-                if field == "end":
-                    self._expiring.discard(job_id)
-                    pipe.expire(keys.stream(job_id), self.ttl_s)
-                elif job_id not in self._expiring:
-                    self._expiring.add(job_id)
-                    pipe.expire(keys.stream(job_id), self.ttl_s)
+            for job_id in ended | started:
+                pipe.expire(keys.stream(job_id), self.ttl_s)
             pipe.execute()
-        except redis.RedisError:
+        except redis.RedisError:  # the next write of a stream sets its TTL again
             log.warning("could not publish %d stream entries", len(entries), exc_info=True)
+            self._expiring -= ended
+            return
+        self._expiring = (self._expiring | started) - ended
 
 
 def merged(items: list[Entry]) -> list[Entry]:
