@@ -35,8 +35,9 @@ starts with a tag unique to its phase and round, so neither side is served from 
 it saw in an earlier phase; what all prompts share (the chat template's system turn) each
 side may reuse alike. Both sides get the same tags, hence the same prompts and (greedy)
 the same answers: with a tag per side the answers differed in length, and tok/s compared
-unequal work (1348-1499 against 1476-1595 tokens a round on 2026-12-02). The ratios are fleet / llama-server
-of the medians over rounds. Prints a table and writes JSON to bench/results/.
+unequal work (1348-1499 against 1476-1595 tokens a round on 2026-12-02). The ratios are
+fleet / llama-server of the medians over rounds. Prints a table and writes JSON to
+bench/results/.
 """
 
 from __future__ import annotations
