@@ -15,8 +15,8 @@ Each worker's prefix state cache is the configured default (``prefix_cache_mb`` 
 config/backends.yaml, 256 MB: room for all 8 prompts' states, ~11.5 MB each), unless
 ``--prefix-cache-mb`` sets it. A smaller cache (70 MB holds about 6 of them) is the case
 routing is for, and gives the shared queue no chance to catch up: say so when quoting it.
-The same case at the default cache is more prompts: ``--prompts 24 --questions 4`` (~276
-MB of states, more than one worker holds, half of them in each).
+The same case at the default cache is more prompts: ``--prompts 24 --questions 4`` (more
+states than one worker holds, half of them fit in each).
 
 Reports TTFT p50/p95 and mean (from submission), p50/p90 after round 0 (where the
 shared queue's remaining misses show), aggregate generated tok/s, the prefix hit rate
