@@ -20,6 +20,7 @@ from celery import Celery
 from kombu import Queue
 
 from dispatcher import connection, settings
+from dispatcher.broker_transport import transport_for
 from dispatcher.jobs import BACKENDS
 
 GENERATE_TASK = "ib.generate"
@@ -106,6 +107,8 @@ def create_app(broker_url: str) -> Celery:
         task_default_queue=queue_for("pytorch"),
         task_create_missing_queues=True,
         timezone="UTC",
+        # kombu's Redis transport, reusing one Redis client per channel (see the module)
+        broker_transport=transport_for(broker),
     )
     if broker.startswith("sentinel://"):
         # Redis Sentinel: BROKER_URL=sentinel://host:26379;sentinel://host2:26379, the

@@ -38,6 +38,7 @@ from dispatcher.store.streams import StreamPublisher
 from workers.cancel_watch import CancelWatcher
 from workers.dead_letter import dead_letter_task, parse_arguments
 from workers.engines.base import Engine, EngineOutput
+from workers.inflight import InflightLedger
 from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class Runtime:
     hints: PrefixHints | None = None  # prefix hints: this worker now holds a finished prompt's blocks
     metrics: WorkerMetrics | None = None
     dead_letters: DeadLetters | None = None  # where a message this worker cannot run is kept
+    inflight: InflightLedger | None = None  # the messages held (for the reaper); None: written here
 
 
 def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
@@ -193,10 +195,18 @@ def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
     @task_received.connect(weak=False)
     def _reserved(request: Any = None, **_: object) -> None:
         # Remember the broker delivery tag: if this process dies, the reaper restores it.
-        if request is not None:
+        if request is None:
+            return
+        if rt.inflight is not None:  # off this (the consumer's) thread: see workers.inflight
+            rt.inflight.add(request.id, request.message.delivery_tag)
+        else:
             rt.redis.hset(keys.inflight(rt.worker_id), request.id, request.message.delivery_tag)
 
     @task_postrun.connect(weak=False)
     def _done(task_id: str | None = None, **_: object) -> None:
-        if task_id:
+        if not task_id:
+            return
+        if rt.inflight is not None:
+            rt.inflight.remove(task_id)
+        else:
             rt.redis.hdel(keys.inflight(rt.worker_id), task_id)

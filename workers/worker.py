@@ -40,6 +40,7 @@ from workers.dead_letter import consumer_class
 from workers.engines import create_engine
 from workers.health import ConsumeGate, HealthMonitor
 from workers.heartbeat import Heartbeat
+from workers.inflight import InflightLedger
 from workers.models.prepare import prepare
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ def run_worker(
         hints=hints,
         metrics=worker_metrics,
         dead_letters=letters,
+        inflight=InflightLedger(client, worker_id),
     )
     tasks.register(app, runtime, show_text=cfg.flower.show_text)
     app.conf.worker_consumer = consumer_class(letters)  # undecodable messages are kept, not dropped
@@ -218,6 +220,8 @@ def run_worker(
     finally:
         for sidecar in started:
             sidecar.stop()
+        if runtime.inflight is not None:
+            runtime.inflight.close()  # its last removals land before the heartbeat drops the hash
         beat.stop()
         reaper.leave(client, worker_id)
         if runtime.streams is not None:

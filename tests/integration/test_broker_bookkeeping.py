@@ -1,0 +1,90 @@
+"""The worker's in-flight ledger and the broker transport's shared client, on a real Redis
+(a database of its own): what the reaper and the publish path rely on."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from kombu import Connection
+
+from conftest import own_database
+from dispatcher.broker_transport import Channel, transport_for
+from dispatcher.celery_app import create_app
+from dispatcher.store import keys
+from workers.inflight import InflightLedger
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def url(redis_url):
+    with own_database(redis_url, 14) as url:
+        yield url
+
+
+def test_the_ledger_writes_every_change_in_the_order_given(url):
+    r = redis.Redis.from_url(url)
+    ledger = InflightLedger(r, "w1")
+    try:
+        ledger.add("a", "tag-a")
+        ledger.add("b", "tag-b")
+        ledger.remove("a")
+        ledger.remove("c")  # never added: nothing to drop
+        ledger.add("a", "tag-a2")  # a second delivery of a, after the first ended
+        assert ledger.flush(timeout=5)
+        assert r.hgetall(keys.inflight("w1")) == {b"b": b"tag-b", b"a": b"tag-a2"}
+    finally:
+        ledger.close()
+
+
+def test_a_write_that_fails_is_retried_until_it_lands(url):
+    r = redis.Redis.from_url(url)
+    key = keys.inflight("w2")
+    r.set(key, "not a hash")  # every HSET on it fails (WRONGTYPE) until the key is gone
+    ledger = InflightLedger(r, "w2", retry_s=0.05)
+    try:
+        ledger.add("a", "tag-a")
+        assert not ledger.flush(timeout=0.5)  # still failing: not written, still pending
+        r.delete(key)
+        assert ledger.flush(timeout=5)
+        assert r.hgetall(key) == {b"a": b"tag-a"}
+    finally:
+        ledger.close()
+
+
+def test_close_writes_what_is_still_queued(url):
+    r = redis.Redis.from_url(url)
+    ledger = InflightLedger(r, "w3")
+    for i in range(200):
+        ledger.add(f"job{i}", f"tag{i}")
+    ledger.remove("job0")
+    ledger.close()
+    assert r.hlen(keys.inflight("w3")) == 199
+    assert not r.hexists(keys.inflight("w3"), "job0")
+
+
+def test_the_transport_reuses_one_client_per_channel_and_a_new_one_after_a_pool_reset(url):
+    with Connection(url, transport=transport_for(url)) as conn:
+        channel = conn.default_channel
+        assert isinstance(channel, Channel)
+        queue = conn.SimpleQueue("ib.test-bookkeeping")
+        first = channel._create_client()
+        for i in range(3):
+            queue.put({"n": i})
+        assert channel._create_client() is first  # publishes went through the same client
+        assert [queue.get(timeout=5).payload["n"] for _ in range(3)] == [0, 1, 2]
+        channel._disconnect_pools()  # what kombu does after a connection error
+        fresh = channel._create_client()
+        assert fresh is not first and fresh.connection_pool is channel.pool
+        queue.put({"n": 3})
+        message = queue.get(timeout=5)
+        assert message.payload == {"n": 3}
+        message.ack()
+        queue.close()
+
+
+def test_only_plain_redis_urls_get_the_shared_client_transport(url):
+    assert create_app(url).conf.broker_transport == "dispatcher.broker_transport:Transport"
+    assert create_app("amqp://guest:guest@127.0.0.1:5672//").conf.broker_transport is None
+    assert transport_for("rediss://127.0.0.1:6379/0") is None  # kombu infers TLS from the scheme
+    assert transport_for("sentinel://127.0.0.1:26379") is None
