@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
 
@@ -40,8 +41,12 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-def transport_for(broker_url: str) -> str | None:
-    """The transport class path for Celery's ``broker_transport``; None: kombu's own choice.
-    Plain ``redis://`` only: for ``rediss://`` kombu infers TLS settings from the scheme
-    name, and Sentinel and socket URLs have their own channel classes."""
-    return f"{__name__}:Transport" if broker_url.startswith("redis://") else None
+def install() -> None:
+    """Resolve kombu's ``redis`` transport name to this module's Transport, in this process.
+
+    Through kombu's own table of transport names, not Celery's ``broker_transport``: with
+    that set, kombu writes the class path as the URL scheme (``Connection.as_uri``), and
+    readers of the broker URL (Flower's broker view) no longer know the broker. ``rediss://``
+    keeps kombu's transport (kombu infers TLS from that scheme's name); Sentinel, socket
+    URLs and RabbitMQ are untouched."""
+    TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"

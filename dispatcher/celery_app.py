@@ -19,9 +19,12 @@ import redis
 from celery import Celery
 from kombu import Queue
 
-from dispatcher import connection, settings
-from dispatcher.broker_transport import transport_for
+from dispatcher import broker_transport, connection, settings
 from dispatcher.jobs import BACKENDS
+
+# redis:// brokers: one Redis client per kombu channel. At import, before this process
+# makes any kombu connection (kombu caches a transport name's class at first use).
+broker_transport.install()
 
 GENERATE_TASK = "ib.generate"
 QUEUE_PREFIX = "ib."
@@ -107,8 +110,6 @@ def create_app(broker_url: str) -> Celery:
         task_default_queue=queue_for("pytorch"),
         task_create_missing_queues=True,
         timezone="UTC",
-        # kombu's Redis transport, reusing one Redis client per channel (see the module)
-        broker_transport=transport_for(broker),
     )
     if broker.startswith("sentinel://"):
         # Redis Sentinel: BROKER_URL=sentinel://host:26379;sentinel://host2:26379, the

@@ -8,7 +8,8 @@ import redis
 from kombu import Connection
 
 from conftest import own_database
-from dispatcher.broker_transport import Channel, transport_for
+from dispatcher import broker_transport
+from dispatcher.broker_transport import Channel
 from dispatcher.celery_app import create_app
 from dispatcher.store import keys
 from workers.inflight import InflightLedger
@@ -64,7 +65,8 @@ def test_close_writes_what_is_still_queued(url):
 
 
 def test_the_transport_reuses_one_client_per_channel_and_a_new_one_after_a_pool_reset(url):
-    with Connection(url, transport=transport_for(url)) as conn:
+    broker_transport.install()
+    with Connection(url) as conn:
         channel = conn.default_channel
         assert isinstance(channel, Channel)
         queue = conn.SimpleQueue("ib.test-bookkeeping")
@@ -83,8 +85,12 @@ def test_the_transport_reuses_one_client_per_channel_and_a_new_one_after_a_pool_
         queue.close()
 
 
-def test_only_plain_redis_urls_get_the_shared_client_transport(url):
-    assert create_app(url).conf.broker_transport == "dispatcher.broker_transport:Transport"
-    assert create_app("amqp://guest:guest@127.0.0.1:5672//").conf.broker_transport is None
-    assert transport_for("rediss://127.0.0.1:6379/0") is None  # kombu infers TLS from the scheme
-    assert transport_for("sentinel://127.0.0.1:26379") is None
+def test_the_fleets_app_uses_it_for_redis_and_still_names_the_broker_by_its_scheme(url):
+    app = create_app(url)
+    with app.connection_for_write() as conn:
+        assert isinstance(conn.default_channel, Channel)
+        # what Flower's broker view parses to pick its Redis reader
+        assert conn.as_uri(include_password=True).startswith("redis://")
+    tls = Connection("rediss://127.0.0.1:6379/0?ssl_cert_reqs=none")
+    assert not issubclass(tls.transport.Channel, Channel)  # kombu infers TLS from the scheme
+    assert create_app("amqp://guest:guest@127.0.0.1:5672//").connection().as_uri().startswith("amqp://")
