@@ -43,7 +43,7 @@ def restore_step(rt: Runtime) -> type[bootsteps.StartStopStep]:
             self.starts += 1
             if self.starts == 1:
                 return  # the first connection: nothing was reserved before it
-            if rt.inflight is not None and not rt.inflight.flush():
+            if not rt.inflight.flush():
                 log.warning("broker reconnected: in-flight records not yet written; restoring from what is there")
             running = {r.id for r in active_requests}
             held = {k.decode(): v.decode() for k, v in rt.redis.hgetall(keys.inflight(rt.worker_id)).items()}

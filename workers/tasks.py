@@ -30,7 +30,6 @@ from dispatcher.jobs import (
     Timings,
     Usage,
 )
-from dispatcher.store import keys
 from dispatcher.store.dead_letters import DeadLetters
 from dispatcher.store.hints import PrefixHints
 from dispatcher.store.jobstore import JobStore
@@ -55,12 +54,12 @@ class Runtime:
     redis: redis.Redis
     worker_id: str
     cancels: CancelWatcher
+    inflight: InflightLedger  # the messages this worker holds, for the reaper (workers.inflight)
     streams: StreamPublisher | None = None  # text deltas of jobs submitted with stream=True
     time_limit_s: float | None = None  # a job running longer fails with JobTimeoutError
     hints: PrefixHints | None = None  # prefix hints: this worker now holds a finished prompt's blocks
     metrics: WorkerMetrics | None = None
     dead_letters: DeadLetters | None = None  # where a message this worker cannot run is kept
-    inflight: InflightLedger | None = None  # the messages held (for the reaper); None: written here
 
 
 def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
@@ -195,18 +194,10 @@ def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
     @task_received.connect(weak=False)
     def _reserved(request: Any = None, **_: object) -> None:
         # Remember the broker delivery tag: if this process dies, the reaper restores it.
-        if request is None:
-            return
-        if rt.inflight is not None:  # off this (the consumer's) thread: see workers.inflight
+        if request is not None:  # queued, written off this (the consumer's) thread
             rt.inflight.add(request.id, request.message.delivery_tag)
-        else:
-            rt.redis.hset(keys.inflight(rt.worker_id), request.id, request.message.delivery_tag)
 
     @task_postrun.connect(weak=False)
     def _done(task_id: str | None = None, **_: object) -> None:
-        if not task_id:
-            return
-        if rt.inflight is not None:
+        if task_id:
             rt.inflight.remove(task_id)
-        else:
-            rt.redis.hdel(keys.inflight(rt.worker_id), task_id)

@@ -220,8 +220,7 @@ def run_worker(
     finally:
         for sidecar in started:
             sidecar.stop()
-        if runtime.inflight is not None:
-            runtime.inflight.close()  # its last removals land before the heartbeat drops the hash
+        runtime.inflight.close()  # its last removals land before the heartbeat drops the hash
         beat.stop()
         reaper.leave(client, worker_id)
         if runtime.streams is not None:
