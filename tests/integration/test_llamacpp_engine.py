@@ -182,6 +182,31 @@ def test_a_shared_system_prompt_is_evaluated_once(registry):
         cold.close()
 
 
+def test_the_first_token_streams_before_the_prompt_state_is_saved(registry, monkeypatch):
+    """Copying a prompt's KV state into the prefix cache (~1.3 ms for 50 tokens here) is
+    off the first token's path; a one-token job, which ends on that token, still leaves
+    its state for the next prompt sharing the prefix."""
+    from workers.engines.llamacpp import scheduler
+
+    events: list[str] = []
+    save = scheduler.Scheduler._save_prefix
+
+    def recorded_save(self, s):
+        events.append("save")
+        save(self, s)
+
+    monkeypatch.setattr(scheduler.Scheduler, "_save_prefix", recorded_save)
+    e = make_engine(registry)
+    try:
+        first = e.generate(job(chat("Do you repair punctures?", SYSTEM), max_tokens=1), on_text=events.append)
+        assert first.finish_reason == "length" and len(first.token_ids) == 1
+        assert events[0] != "save" and events.index("save") > 0  # the text went out first
+        second = e.generate(job(chat("When are you open on Sundays?", SYSTEM), max_tokens=4))
+        assert second.cached_tokens > 400 and e.stats()["prefix_hits"] == 1
+    finally:
+        e.close()
+
+
 def test_jobs_arriving_together_with_one_system_prompt_evaluate_it_once(registry):
     e = make_engine(registry)
     try:

@@ -202,19 +202,23 @@ class Scheduler:
         self.steps += 1
         now = time.time()
 
-        def take(s: Sequence, tok: int) -> bool:
-            if reason := append_token(self.engine, s.request, tok, self.eos, now):
+        def take(s: Sequence, tok: int, save_prefix: bool = False) -> bool:
+            reason = append_token(self.engine, s.request, tok, self.eos, now)
+            if save_prefix:
+                # After the first token has gone to the stream (copying the state out is
+                # on no reader's path), before _finish frees the sequence. The KV still
+                # holds exactly the prompt: the sampled token is evaluated next step.
+                self._save_prefix(s)
+            if reason:
                 self._finish(s, reason)
                 return True
             return False
 
         for s, idx in outputs:
-            if s.save_prefix and len(s.request.tokens) == 0:
-                self._save_prefix(s)
             if s.request.speculative is not None and not s.prefilling:
                 s.request.target_passes += 1
             tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx)
-            if not take(s, tok) and id(s) in drafts:
+            if not take(s, tok, save_prefix=s.save_prefix and len(s.request.tokens) == 0) and id(s) in drafts:
                 self.lookup.verify(s, tok, *drafts[id(s)], take)
         running = list(self._running)
         cancelled = self.engine.cancelled([s.request.job_id for s in running])
