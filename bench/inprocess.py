@@ -11,6 +11,8 @@ the same max tokens, and count the tokens generated, the EOS that ends a row inc
 (as the fleet's completion tokens count it: it cost a step). Each returns generated
 tokens, wall seconds and tok/s, and loads its model inside the call and frees it after,
 so only one engine is alive at a time.
+
+``first_token_loop`` is the TTFT bench's baseline: one prompt to its first token.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -116,11 +119,13 @@ def vllm_async(texts: list[str], max_tokens: int, threads: int) -> dict:
     return out
 
 
-def first_token_ms(backend: str, texts: list[str], threads: int) -> list[float]:
-    """Each chat prompt's time to its first generated token, one at a time, in the
-    engine's own library: its prefill (and one sampled token), nothing of ours around it.
-    llama.cpp's high-level ``Llama`` keeps the tokens it evaluated last and reuses their
-    common prefix, as the fleet's engine reuses the chat template's shared system turn."""
+def first_token_loop(backend: str, threads: int) -> Callable[[str], None]:
+    """A function that runs one chat prompt to its first generated token in the engine's
+    own library: its prefill (and one sampled token), nothing of ours around it. The
+    engine is loaded here and lives as long as the function (the TTFT bench pairs it
+    with the fleet prompt by prompt). llama.cpp's high-level ``Llama`` keeps the tokens it
+    evaluated last and reuses their common prefix, as the fleet's engine reuses the chat
+    template's shared system turn."""
     spec = ModelRegistry.from_config().get(MODEL)
     if backend == "llamacpp":
         import llama_cpp
@@ -169,11 +174,4 @@ def first_token_ms(backend: str, texts: list[str], threads: int) -> list[float]:
 
     else:
         raise ValueError(f"no in-process first-token loop for {backend}")
-    first(f"warm-up: {texts[0]}")  # the first call allocates (another text: nothing to reuse)
-    times = []
-    for text in texts:
-        t0 = time.perf_counter()
-        first(text)
-        times.append((time.perf_counter() - t0) * 1000)
-    gc.collect()
-    return times
+    return first

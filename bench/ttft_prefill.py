@@ -1,38 +1,47 @@
 """Each backend's TTFT through the fleet against its engine's own prefill, in one run.
 
-    python -m bench.ttft_prefill [--backends onnx,llamacpp,pytorch] [--prompts 8] [--rounds 2]
+    python -m bench.ttft_prefill [--backends onnx,llamacpp,pytorch] [--prompts 8] [--rounds 4]
                                  [--threads 2]
 
 The same chat prompts (about 50 tokens with the chat template; each starts with a tag
 unique to its round, so no engine is served from a prompt an earlier round left behind;
 both sides get the same tags, so the same token counts), one at a time:
 
-* in-process: the engine's own library with nothing of ours around it (bench.inprocess
-  .first_token_ms): onnxruntime-genai's Generator, llama-cpp-python's ``Llama``,
-  transformers' ``generate``; the time to the first generated token;
+* in-process: the engine's own library with nothing of ours around it
+  (bench.inprocess.first_token_loop): onnxruntime-genai's Generator, llama-cpp-python's
+  ``Llama``, transformers' ``generate``; the time to the first generated token;
 * fleet: `ib worker --backend B --threads T`, a job submitted through ``Client`` with
   ``stream=True``; TTFT from the submit to the first text at the client: the decision,
   Redis, Celery, the engine's batch formation and the stream included.
 
-Only one engine is alive at a time; which side goes first alternates by round. This
-machine's speed drifts by tens of percent over minutes, so the added time is taken round
-by round (fleet TTFT p50 minus in-process p50 of the same round, one side right after
-the other), and reported as the median over the rounds (target: under 20 ms). Prints a table
-and writes JSON to bench/results/.
+Both sides are loaded once per backend and run prompt by prompt: each prompt through one
+side, then right away through the other, the first side alternating from prompt to
+prompt (and round to round). The added time is the median of these paired differences
+(target: under 20 ms). Pairs seconds apart, not whole runs minutes apart, because this
+machine's speed drifts by tens of percent over minutes: the earlier version of this bench
+compared round p50s of a fresh worker and a fresh ``Llama`` run one after the other, and
+its eight llama.cpp rounds spread from +12 to +51 ms. The side not running is idle (the
+worker blocks on its queue, the in-process engine has no thread of its own), except that
+ONNX Runtime's and PyTorch's thread pools may spin briefly after their work, which slows
+whichever side comes next: the alternation spreads that over both. Prints a table and
+writes JSON to bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from bench import inprocess
-from bench.gateway import ClientArm, alternating, peer_setup, tagged
+from bench.gateway import PeerSetup, peer_setup, tagged
 from bench.report import percentile, save
+from dispatcher.client import Client
 from ops.localfleet import WorkerProcess
 
 console = Console()
@@ -49,6 +58,52 @@ TEXTS = [
 ]
 
 
+def fleet_ttft_ms(client: Client, text: str) -> tuple[float, int]:
+    """Submit → the first streamed text at the client, and the job's prompt tokens."""
+    t0 = time.perf_counter()
+    handle = client.submit(
+        model=inprocess.MODEL, messages=[{"role": "user", "content": text}], sampling={"max_tokens": 1}, stream=True
+    )
+    next(iter(handle.stream(timeout=300)))
+    ms = (time.perf_counter() - t0) * 1000
+    return ms, handle.result(timeout=300).usage.prompt_tokens
+
+
+def in_process_ms(first: Callable[[str], None], text: str) -> float:
+    t0 = time.perf_counter()
+    first(text)
+    return (time.perf_counter() - t0) * 1000
+
+
+def paired_rounds(backend: str, setup: PeerSetup, texts: list[str], args: argparse.Namespace) -> dict[str, list]:
+    """Every prompt of every round through both sides back to back; the first side
+    alternates by prompt, and a round starts on the other side than the one before."""
+    got: dict[str, list] = {"in_process_ms": [], "fleet_ms": [], "prompt_tokens": []}
+    worker = WorkerProcess(backend, setup.url, extra_args=[f"--threads={args.threads}"])
+    try:
+        with console.status(f"starting the {backend} worker and loading it in-process..."):
+            worker.start().wait_ready(900)
+            first = inprocess.first_token_loop(backend, args.threads)
+        # warm both (the first calls allocate; texts that leave nothing to reuse)
+        fleet_ttft_ms(setup.client, f"[warm] {texts[0]}")
+        in_process_ms(first, f"warm-up: {texts[0]}")
+        for r in range(args.rounds):
+            with console.status(f"{backend}: round {r + 1}/{args.rounds}, {len(texts)} prompts both ways..."):
+                for i, text in enumerate(tagged(texts, "", f"{r}")):
+                    fleet_first = (i + r) % 2 == 0
+                    if fleet_first:
+                        fleet, tokens = fleet_ttft_ms(setup.client, text)
+                    inp = in_process_ms(first, text)
+                    if not fleet_first:
+                        fleet, tokens = fleet_ttft_ms(setup.client, text)
+                    got["fleet_ms"].append(fleet)
+                    got["in_process_ms"].append(inp)
+                    got["prompt_tokens"].append(tokens)
+    finally:
+        worker.stop()
+    return got
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default="onnx,llamacpp,pytorch")
@@ -59,45 +114,11 @@ def main() -> int:
     args = ap.parse_args()
     texts = (TEXTS * (args.prompts // len(TEXTS) + 1))[: args.prompts]
     setup = peer_setup(server=False)
-    results: dict[str, dict[str, list[float]]] = {}
+    results: dict[str, dict[str, list]] = {}
     try:
         for backend in args.backends.split(","):
-            rounds: list[dict[str, float]] = [{} for _ in range(args.rounds)]
-            got: dict[str, list] = {"in_process_ms": [], "fleet_ms": [], "prompt_tokens": [], "rounds": rounds}
-
-            def fleet_side(r: int, backend: str = backend, got: dict = got) -> None:
-                worker = WorkerProcess(backend, setup.url, extra_args=[f"--threads={args.threads}"])
-                try:
-                    with console.status(f"starting the {backend} worker..."):
-                        worker.start().wait_ready(900)
-                    arm = ClientArm(setup.client)
-                    arm.run(f"[warm{r}] {texts[0]}", 2, True)
-                    mine = []
-                    with console.status(f"round {r + 1}: {backend} through the fleet..."):
-                        for text in tagged(texts, "", f"{r}"):
-                            t0 = time.perf_counter()
-                            handle = setup.client.submit(
-                                model=inprocess.MODEL,
-                                messages=[{"role": "user", "content": text}],
-                                sampling={"max_tokens": 1},
-                                stream=True,
-                            )
-                            next(iter(handle.stream(timeout=300)))
-                            mine.append((time.perf_counter() - t0) * 1000)
-                            got["prompt_tokens"].append(handle.result(timeout=300).usage.prompt_tokens)
-                    got["fleet_ms"] += mine
-                    got["rounds"][r]["fleet_p50_ms"] = percentile(mine, 50)
-                finally:
-                    worker.stop()
-
-            def peer_side(r: int, backend: str = backend, got: dict = got) -> None:
-                with console.status(f"round {r + 1}: {backend} in-process..."):
-                    mine = inprocess.first_token_ms(backend, tagged(texts, "", f"{r}"), args.threads)
-                got["in_process_ms"] += mine
-                got["rounds"][r]["in_process_p50_ms"] = percentile(mine, 50)
-
-            alternating(args.rounds, fleet_side, peer_side)
-            results[backend] = got
+            results[backend] = paired_rounds(backend, setup, texts, args)
+            gc.collect()  # the in-process engine is freed before the next backend loads
     finally:
         setup.close()
 
@@ -105,26 +126,28 @@ def main() -> int:
         title=f"TTFT through the fleet vs the engine's own first token, {len(texts)} chat prompts x "
         f"{args.rounds} rounds, one at a time, {args.threads} threads"
     )
-    columns = ("backend", "prompt tokens p50", "in-process p50", "fleet TTFT p50", "added (per round)", "added")
+    columns = ("backend", "prompt tokens p50", "in-process p50", "fleet TTFT p50", "added (median per round)", "added")
     for col in columns:
         table.add_column(col, justify="right")
     summary = {}
     for backend, got in results.items():
         inp, fleet = percentile(got["in_process_ms"], 50), percentile(got["fleet_ms"], 50)
-        added = [r["fleet_p50_ms"] - r["in_process_p50_ms"] for r in got["rounds"]]
+        paired = [f - i for f, i in zip(got["fleet_ms"], got["in_process_ms"])]
+        per_round = [percentile(paired[r * len(texts) : (r + 1) * len(texts)], 50) for r in range(args.rounds)]
         summary[backend] = {
             "in_process_p50_ms": inp,
             "fleet_p50_ms": fleet,
-            "added_ms_per_round": added,
-            "added_ms": percentile(added, 50),
+            "added_ms_per_round": per_round,
+            "added_ms": percentile(paired, 50),
+            "pairs": len(paired),
         }
         table.add_row(
             backend,
             f"{percentile(got['prompt_tokens'], 50):.0f}",
             f"{inp:.1f} ms",
             f"{fleet:.1f} ms",
-            ", ".join(f"{a:+.0f}" for a in added),
-            f"{percentile(added, 50):+.1f} ms",
+            ", ".join(f"{a:+.0f}" for a in per_round),
+            f"{percentile(paired, 50):+.1f} ms",
         )
     console.print(table)
     path = save("ttft_prefill", args, summary=summary, samples=results)
