@@ -23,8 +23,8 @@ compared round p50s of a fresh worker and a fresh ``Llama`` run one after the ot
 its eight llama.cpp rounds spread from +12 to +51 ms. The side not running is idle (the
 worker blocks on its queue, the in-process engine has no thread of its own), except that
 ONNX Runtime's and PyTorch's thread pools may spin briefly after their work, which slows
-whichever side comes next: the alternation spreads that over both. Prints a table and
-writes JSON to bench/results/.
+whichever side comes next: every measurement starts after a short pause (``QUIET_S``)
+in which they go quiet. Prints a table and writes JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ from dispatcher.client import Client
 from ops.localfleet import WorkerProcess
 
 console = Console()
+# Before each measurement: the other side's thread pools (OpenMP in PyTorch, ONNX Runtime's
+# spinning workers) stop spinning well within this, so neither side starts on a machine
+# the other still keeps busy. Without it, the PyTorch pair measured +27 ms (fleet second
+# after an in-process prompt half the time), against +0.9 ms with one side alive.
+QUIET_S = 0.3
 # ~50 tokens each with SmolLM2's chat template (its system turn is ~23)
 TEXTS = [
     "Explain in two sentences why the sky looks blue on a clear afternoon in summer.",
@@ -90,15 +95,15 @@ def paired_rounds(backend: str, setup: PeerSetup, texts: list[str], args: argpar
         for r in range(args.rounds):
             with console.status(f"{backend}: round {r + 1}/{args.rounds}, {len(texts)} prompts both ways..."):
                 for i, text in enumerate(tagged(texts, "", f"{r}")):
-                    fleet_first = (i + r) % 2 == 0
-                    if fleet_first:
-                        fleet, tokens = fleet_ttft_ms(setup.client, text)
-                    inp = in_process_ms(first, text)
-                    if not fleet_first:
-                        fleet, tokens = fleet_ttft_ms(setup.client, text)
-                    got["fleet_ms"].append(fleet)
-                    got["in_process_ms"].append(inp)
-                    got["prompt_tokens"].append(tokens)
+                    sides = ["fleet", "in_process"] if (i + r) % 2 == 0 else ["in_process", "fleet"]
+                    for side in sides:
+                        time.sleep(QUIET_S)
+                        if side == "fleet":
+                            ms, tokens = fleet_ttft_ms(setup.client, text)
+                            got["prompt_tokens"].append(tokens)
+                        else:
+                            ms = in_process_ms(first, text)
+                        got[f"{side}_ms"].append(ms)
     finally:
         worker.stop()
     return got
