@@ -48,7 +48,7 @@ console = Console()
 # Before each measurement: the other side's thread pools (OpenMP in PyTorch, ONNX Runtime's
 # spinning workers) stop spinning well within this, so neither side starts on a machine
 # the other still keeps busy. Without it, the PyTorch pair measured +27 ms (fleet second
-# after an in-process prompt half the time), against +0.9 ms with one side alive.
+# after an in-process prompt half the time); 3 to 7 ms with it (docs/BENCHMARKS.md).
 QUIET_S = 0.3
 # ~50 tokens each with SmolLM2's chat template (its system turn is ~23)
 TEXTS = [
