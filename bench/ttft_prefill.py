@@ -22,7 +22,7 @@ machine's speed drifts by tens of percent over minutes: the earlier version of t
 compared round p50s of a fresh worker and a fresh ``Llama`` run one after the other, and
 its eight llama.cpp rounds spread from +12 to +51 ms. The side not running is idle (the
 worker blocks on its queue, the in-process engine has no thread of its own), except that
-ONNX Runtime's and PyTorch's thread pools may spin briefly after their work, which slows
+the engines' thread pools (ONNX Runtime's, PyTorch's, ggml's) may spin briefly after their work, which slows
 whichever side comes next: every measurement starts after a short pause (``QUIET_S``)
 in which they go quiet. Prints a table and writes JSON to bench/results/.
 """
@@ -46,7 +46,7 @@ from ops.localfleet import WorkerProcess
 
 console = Console()
 # Before each measurement: the other side's thread pools (OpenMP in PyTorch, ONNX Runtime's
-# spinning workers) stop spinning well within this, so neither side starts on a machine
+# and ggml's spinning workers) stop spinning well within this, so neither side starts on a machine
 # the other still keeps busy. Without it, the PyTorch pair measured +27 ms (fleet second
 # after an in-process prompt half the time); 3 to 7 ms with it (docs/BENCHMARKS.md).
 QUIET_S = 0.3
