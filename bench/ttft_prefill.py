@@ -39,9 +39,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import inprocess
-from bench.gateway import PeerSetup, peer_setup, tagged
+from bench.gateway import ClientArm, PeerSetup, peer_setup, tagged
 from bench.report import percentile, save
-from dispatcher.client import Client
 from ops.localfleet import WorkerProcess
 
 console = Console()
@@ -63,15 +62,13 @@ TEXTS = [
 ]
 
 
-def fleet_ttft_ms(client: Client, text: str) -> tuple[float, int]:
-    """Submit → the first streamed text at the client, and the job's prompt tokens."""
-    t0 = time.perf_counter()
-    handle = client.submit(
-        model=inprocess.MODEL, messages=[{"role": "user", "content": text}], sampling={"max_tokens": 1}, stream=True
-    )
-    next(iter(handle.stream(timeout=300)))
-    ms = (time.perf_counter() - t0) * 1000
-    return ms, handle.result(timeout=300).usage.prompt_tokens
+def fleet_ttft_ms(arm: ClientArm, text: str) -> tuple[float, int]:
+    """Submit → the first streamed text at the client (the gateway bench's Client arm),
+    and the job's prompt tokens, read after the clock stopped."""
+    sample = arm.run(text, 1, True)
+    if sample.ttft_s is None:
+        raise RuntimeError(f"job {sample.job_id} streamed no text: no first token to time")
+    return sample.ttft_s * 1000, arm.client.result(sample.job_id, timeout=300).usage.prompt_tokens
 
 
 def in_process_ms(first: Callable[[str], None], text: str) -> float:
@@ -90,7 +87,8 @@ def paired_rounds(backend: str, setup: PeerSetup, texts: list[str], args: argpar
             worker.start().wait_ready(900)
             first = inprocess.first_token_loop(backend, args.threads)
         # warm both (the first calls allocate; texts that leave nothing to reuse)
-        fleet_ttft_ms(setup.client, f"[warm] {texts[0]}")
+        arm = ClientArm(setup.client)
+        fleet_ttft_ms(arm, f"[warm] {texts[0]}")
         in_process_ms(first, f"warm-up: {texts[0]}")
         for r in range(args.rounds):
             with console.status(f"{backend}: round {r + 1}/{args.rounds}, {len(texts)} prompts both ways..."):
@@ -99,7 +97,7 @@ def paired_rounds(backend: str, setup: PeerSetup, texts: list[str], args: argpar
                     for side in sides:
                         time.sleep(QUIET_S)
                         if side == "fleet":
-                            ms, tokens = fleet_ttft_ms(setup.client, text)
+                            ms, tokens = fleet_ttft_ms(arm, text)
                             got["prompt_tokens"].append(tokens)
                         else:
                             ms = in_process_ms(first, text)

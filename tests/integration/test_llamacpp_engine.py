@@ -200,7 +200,7 @@ def test_the_first_token_streams_before_the_prompt_state_is_saved(registry, monk
     try:
         first = e.generate(job(chat("Do you repair punctures?", SYSTEM), max_tokens=1), on_text=events.append)
         assert first.finish_reason == "length" and len(first.token_ids) == 1
-        assert events[0] != "save" and events.index("save") > 0  # the text went out first
+        assert events.index("save") > 0  # the text went out first
         second = e.generate(job(chat("When are you open on Sundays?", SYSTEM), max_tokens=4))
         assert second.cached_tokens > 400 and e.stats()["prefix_hits"] == 1
     finally:
