@@ -7,11 +7,16 @@ worker's unacked-set write before a job can start, its ack). A ``redis.Redis`` i
 thread-safe over its connection pool, so one per channel serves them all; it is made
 again whenever the channel's pool is (kombu drops the pool after a connection error).
 The consuming connection (BRPOP) and everything else are kombu's own.
+
+The channel also takes a *push guard* per message (``guard_push``): a Lua script run in
+place of the message's LPUSH, which pushes only if its own check passes. The client
+claims a job's record that way, inside kombu's publish pipeline instead of a round trip
+before it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from kombu.transport import TRANSPORT_ALIASES
@@ -33,7 +38,51 @@ class SharedClientMixin:
         return client
 
 
-class Channel(SharedClientMixin, kombu_redis.Channel):
+class PushGuard(NamedTuple):
+    """A script that pushes the message (ARGV[1]) onto the queue's list (KEYS[1]) only if
+    its own check on the rest of its keys and arguments passes."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+
+
+class PushGuardMixin:
+    """Runs a message's push guard, when one was given for its task id, instead of LPUSH."""
+
+    _guards: dict[str, PushGuard] | None = None
+    _expires: dict[str, int]
+
+    def guard_push(self, task_id: str, guard: PushGuard) -> None:
+        """Guard the next message published with this task id (one thread per channel:
+        kombu's producer pool hands a channel to one thread at a time)."""
+        if self._guards is None:
+            self._guards = {}
+        self._guards[task_id] = guard
+
+    def drop_guards(self, task_ids: list[str]) -> list[str]:
+        """Forget these ids' guards; returns the ids whose guard was never used."""
+        guards = self._guards or {}
+        return [task_id for task_id in task_ids if guards.pop(task_id, None) is not None]
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        guard = self._guards.pop(message.get("headers", {}).get("id"), None) if self._guards else None
+        if guard is None:
+            return super()._put(queue, message, **kwargs)  # type: ignore[misc]
+        if self._expires and queue in self._expires:  # kombu's queue expiry: the fleet sets none
+            raise ValueError(f"queue {queue} expires: a guarded push is not supported there")
+        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))  # type: ignore[attr-defined]
+        command = (guard.script, 1 + len(guard.keys), key, *guard.keys, kombu_redis.dumps(message), *guard.args)
+        batch = kwargs.pop("_publish_batch", None)
+        if batch is not None:
+            batch.add("eval", *command)
+            return None
+        with self.conn_or_acquire() as client:  # type: ignore[attr-defined]
+            client.eval(*command)
+        return None
+
+
+class Channel(PushGuardMixin, SharedClientMixin, kombu_redis.Channel):
     pass
 
 

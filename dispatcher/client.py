@@ -16,8 +16,11 @@ from collections.abc import Iterable, Iterator
 from functools import cached_property
 from typing import Any
 
+import redis
+
 from dispatcher import connection, settings
 from dispatcher.batch.api import Batches
+from dispatcher.broker_transport import PushGuard
 from dispatcher.celery_app import (
     GENERATE_TASK,
     BrokerNotConfigured,
@@ -30,6 +33,7 @@ from dispatcher.jobs import (
     BACKENDS,
     GenerationJob,
     JobCancelledError,
+    JobError,
     JobResult,
     JobTimeoutError,
     PathStep,
@@ -42,7 +46,7 @@ from dispatcher.jobs import (
 from dispatcher.registry import LiveRegistry, ModelRegistry, load_backends
 from dispatcher.routing import profiles
 from dispatcher.routing.context import might_overflow, serving_window
-from dispatcher.routing.decision import Sent, apply_affinity, cap_affinity, decide
+from dispatcher.routing.decision import Sent, apply_affinity, cap_affinity, decide, found_live_worker
 from dispatcher.routing.prefix import PrefixHasher
 from dispatcher.store.hints import PrefixHints
 from dispatcher.store.jobstore import JobStore
@@ -108,6 +112,7 @@ class Client:
         self.own_queues = connection.is_redis_broker(self.app.conf.broker_url)
         self.store = JobStore(self.redis, ttl_s=cfg.celery.result_expires_s)
         self.fleet_cache_s = cfg.client.fleet_cache_s
+        self.fleet_stale_s = max(cfg.client.fleet_stale_s, self.fleet_cache_s)
         # The model's tokenizer counts prompts at submit (context overflow) and hashes their
         # blocks (prefix affinity): one per client, each model's loaded once.
         self.tokens = PrefixHasher(cfg.prefix.block_tokens, cfg.prefix.max_blocks)
@@ -128,10 +133,30 @@ class Client:
         """The live fleet. Submissions reuse a snapshot up to ``fleet_cache_s`` old (far
         below the heartbeat TTL), which saves two round trips per submit."""
         max_age = self.fleet_cache_s if max_age_s is None else max_age_s
-        now = time.monotonic()
-        if self._fleet is None or now - self._fleet[0] > max_age:
-            self._fleet = (now, read_fleet(self.redis))
+        if self._fleet is None or time.monotonic() - self._fleet[0] > max_age:
+            self._fleet = (time.monotonic(), read_fleet(self.redis))
         return self._fleet[1]
+
+    def _view_for_submit(self) -> tuple[FleetView, bool]:
+        """The view a submit decides on, and whether it is stale: older than
+        ``fleet_cache_s`` but within ``fleet_stale_s``, so the submit reads it again after
+        sending (stale-while-revalidate) instead of before, off the job's path."""
+        if self._fleet is not None:
+            age = time.monotonic() - self._fleet[0]
+            if age <= self.fleet_cache_s:
+                return self._fleet[1], False
+            if age <= self.fleet_stale_s:
+                return self._fleet[1], True
+        return self.workers(max_age_s=0), False
+
+    def _revalidate(self) -> None:
+        """Read the fleet again after a submit decided on a stale view. The jobs are sent:
+        a failure here must not reach the caller (who would resubmit them), so it only
+        drops the view, and the next submit reads first."""
+        try:
+            self.workers(max_age_s=0)
+        except (redis.RedisError, OSError):
+            self._fleet = None
 
     def explain(self, job: GenerationJob | dict[str, Any] | None = None, **fields: Any) -> Selection:
         """The decision for a job, without running it."""
@@ -185,11 +210,30 @@ class Client:
     def submit_many(self, jobs: Iterable[GenerationJob | dict[str, Any]]) -> list[JobHandle]:
         """Validate and decide every job first (one fleet read); enqueue only if all pass."""
         parsed = [self._parse(j, {}) for j in jobs]
-        fleet = self.workers()
-        sent = Sent()  # what this dispatch sends each worker: not yet in its load or hints
-        selections = [self.decide(j, fleet, sent) for j in parsed]
+        fleet, stale = self._view_for_submit()
+        selections = self._decide_on_stale(parsed, fleet) if stale else None
+        if selections is None:
+            if stale:
+                fleet, stale = self.workers(max_age_s=0), False
+            selections = self._decide_all(parsed, fleet)
         self.enqueue(list(zip(parsed, selections)))
+        if stale:
+            self._revalidate()
         return [JobHandle(self, job.id, sel, job.stream) for job, sel in zip(parsed, selections)]
+
+    def _decide_all(self, jobs: list[GenerationJob], fleet: FleetView) -> list[Selection]:
+        sent = Sent()  # what this dispatch sends each worker: not yet in its load or hints
+        return [self.decide(j, fleet, sent) for j in jobs]
+
+    def _decide_on_stale(self, jobs: list[GenerationJob], fleet: FleetView) -> list[Selection] | None:
+        """The selections on a stale view, or None where they must be made on a fresh one:
+        a job it would refuse, or send where it shows no live worker (queue for one, or
+        fall back), may be one for a worker that started since it was read."""
+        try:
+            selections = self._decide_all(jobs, fleet)
+        except JobError:
+            return None
+        return selections if all(found_live_worker(s) for s in selections) else None
 
     def enqueue(self, pairs: list[tuple[GenerationJob, Selection]], resume: bool = False) -> None:
         """Create the job records and send the new jobs (a known id is never sent twice).
@@ -198,20 +242,59 @@ class Client:
         marked sent (a feeder died between the two), and mark what was sent."""
         if not pairs:
             return
-        fresh = self.store.claim(
-            [
-                (j.id, {"model": j.model, "backend": s.backend, "queue": s.queue, "submitted_at": j.submitted_at})
-                for j, s in pairs
-            ]
-        )
+        # One pipelined write for all the messages (kombu's publish batch), not a round
+        # trip each: the batch feeder sends hundreds at a time.
+        with self.app.producer_or_acquire() as producer:
+            if not resume and hasattr(producer.channel, "guard_push"):
+                sent = self._claim_in_publish(pairs, producer)
+            else:
+                sent = self._claim_then_publish(pairs, producer, resume)
+        if self.hints is not None and any(sel.affinity_worker for _, sel in sent):
+            pipe = self.redis.pipeline(transaction=False)
+            for _, sel in sent:
+                if sel.affinity_worker:  # sent to that worker: it will hold these blocks
+                    self.hints.record(sel.affinity_worker, sel.prefix_hashes, client=pipe)
+            pipe.execute()
+
+    @staticmethod
+    def _record_fields(job: GenerationJob, sel: Selection) -> dict[str, Any]:
+        return {"model": job.model, "backend": sel.backend, "queue": sel.queue, "submitted_at": job.submitted_at}
+
+    def _claim_in_publish(
+        self, pairs: list[tuple[GenerationJob, Selection]], producer: Any
+    ) -> list[tuple[GenerationJob, Selection]]:
+        """Each job's claim runs in its message's push (the Redis broker: one script in
+        kombu's publish pipeline), so the claim costs no round trip of its own, and a
+        failed send leaves no record to release: a record exists exactly where its message
+        was pushed, and resubmitting after an error sends just the others. Returns every
+        pair: which ids were known already the pipeline does not say (kombu drops its
+        replies), so the prefix hints count those too."""
+        channel = producer.channel
+        ids = [job.id for job, _ in pairs]
+        try:
+            with producer.batch():
+                for job, sel in pairs:
+                    keys, args = self.store.claim_call(job.id, self._record_fields(job, sel))
+                    channel.guard_push(job.id, PushGuard(JobStore.CLAIM_AND_PUSH, keys, args))
+                    self._enqueue(job, sel, producer)
+        finally:
+            unused = channel.drop_guards(ids)
+        if unused:  # published without its guard's script: kombu changed how it pushes
+            raise RuntimeError(f"jobs {unused} were published without their record claim")
+        return pairs
+
+    def _claim_then_publish(
+        self, pairs: list[tuple[GenerationJob, Selection]], producer: Any, resume: bool
+    ) -> list[tuple[GenerationJob, Selection]]:
+        """The claim in a round trip of its own, then the new jobs' messages (RabbitMQ;
+        the batch feeder, which also sends claimed jobs a dead feeder never sent)."""
+        fresh = self.store.claim([(j.id, self._record_fields(j, s)) for j, s in pairs])
         todo = [pair for pair, new in zip(pairs, fresh) if new]
         if resume and not all(fresh):
             known = [pair for pair, new in zip(pairs, fresh) if not new]
             todo += [pair for pair, unsent in zip(known, self.store.unsent([j.id for j, _ in known])) if unsent]
         try:
-            # One pipelined write for all the messages (kombu's publish batch), not a
-            # round trip each: the batch feeder sends hundreds at a time.
-            with self.app.producer_or_acquire() as producer, producer.batch():
+            with producer.batch():
                 for job, sel in todo:
                     self._enqueue(job, sel, producer)
         except Exception:
@@ -221,12 +304,7 @@ class Client:
             raise  # resume: the records stay unmarked, so the next feed sends them
         if resume:
             self.store.mark_sent([j.id for j, _ in todo])
-        if self.hints is not None and any(sel.affinity_worker for _, sel in todo):
-            pipe = self.redis.pipeline(transaction=False)
-            for _, sel in todo:
-                if sel.affinity_worker:  # sent to that worker: it will hold these blocks
-                    self.hints.record(sel.affinity_worker, sel.prefix_hashes, client=pipe)
-            pipe.execute()
+        return todo
 
     def _enqueue(self, job: GenerationJob, sel: Selection, producer: Any = None) -> None:
         # argsrepr is what logs and Flower show: a summary, never the prompt text.

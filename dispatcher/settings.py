@@ -92,6 +92,7 @@ class PrefixSettings(Section):
 
 class ClientSettings(Section):
     fleet_cache_s: float
+    fleet_stale_s: float
 
 
 class CelerySettings(Section):

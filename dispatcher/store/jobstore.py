@@ -54,13 +54,23 @@ class JobStore:
         self._claim = client.register_script(self._CLAIM)
 
     # One script per job, all jobs in one pipeline: create the record only if the id is
-    # new, so resubmitting a job id never enqueues it twice.
-    _CLAIM = """
-    if redis.call('HSETNX', KEYS[1], 'status', 'queued') == 0 then return 0 end
-    for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-    redis.call('EXPIRE', KEYS[1], ARGV[1])
-    return 1
+    # new, so resubmitting a job id never enqueues it twice. KEYS[{r}]: the record;
+    # ARGV[{t}]: its TTL, then its fields as name, value pairs.
+    _CLAIM_BODY = """
+    if redis.call('HSETNX', KEYS[{r}], 'status', 'queued') == 0 then return 0 end
+    for i = {t} + 1, #ARGV, 2 do redis.call('HSET', KEYS[{r}], ARGV[i], ARGV[i + 1]) end
+    redis.call('EXPIRE', KEYS[{r}], ARGV[{t}])
     """
+    _CLAIM = _CLAIM_BODY.format(r=1, t=1) + "return 1"
+    # The claim and the message's push in one script (dispatcher.broker_transport runs it
+    # in place of kombu's LPUSH, in the publish pipeline): no round trip of its own, and
+    # the record exists exactly when the message was pushed, even when the pipeline
+    # fails midway. KEYS[1]: the queue's list, ARGV[1]: the message.
+    CLAIM_AND_PUSH = _CLAIM_BODY.format(r=2, t=2) + "redis.call('LPUSH', KEYS[1], ARGV[1])\nreturn 1"
+
+    def claim_call(self, job_id: str, fields: dict[str, Any]) -> tuple[list[str], list[Any]]:
+        """The claim's keys and arguments for one job (the record, then its TTL and fields)."""
+        return [keys.job(job_id)], [self.ttl_s, *(x for k, v in fields.items() for x in (k, _enc(v)))]
 
     def claim(self, records: list[tuple[str, dict[str, Any]]]) -> list[bool]:
         """Create the records of new jobs ((job id, submit-time fields), in order) in one
@@ -68,10 +78,7 @@ class JobStore:
 
         One record is one EVALSHA: redis-py's pipeline asks SCRIPT EXISTS first on every
         execute, a second round trip on each single submit."""
-        calls = [
-            ([keys.job(job_id)], [self.ttl_s, *(x for k, v in fields.items() for x in (k, _enc(v)))])
-            for job_id, fields in records
-        ]
+        calls = [self.claim_call(job_id, fields) for job_id, fields in records]
         if len(calls) == 1:
             return [bool(self._claim(keys=calls[0][0], args=calls[0][1]))]
         pipe = self.r.pipeline(transaction=False)
