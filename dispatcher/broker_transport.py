@@ -9,9 +9,10 @@ again whenever the channel's pool is (kombu drops the pool after a connection er
 The consuming connection (BRPOP) and everything else are kombu's own.
 
 The channel also takes a *push guard* per message (``guard_push``): a Lua script run in
-place of the message's LPUSH, which pushes only if its own check passes. The client
-claims a job's record that way, inside kombu's publish pipeline instead of a round trip
-before it.
+place of the message's LPUSH, which pushes only if its own checks pass, all of them in
+one pipeline (``push_held``) whose replies come back. The client claims a job's record
+and checks its decision's premise (the fleet it decided on is unchanged) that way, in
+the push itself instead of round trips before it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class SharedClientMixin:
 
 class PushGuard(NamedTuple):
     """A script that pushes the message (ARGV[1]) onto the queue's list (KEYS[1]) only if
-    its own check on the rest of its keys and arguments passes."""
+    its own checks on the rest of its keys and arguments pass; its reply says which."""
 
     script: str
     keys: list[str]
@@ -48,9 +49,12 @@ class PushGuard(NamedTuple):
 
 
 class PushGuardMixin:
-    """Runs a message's push guard, when one was given for its task id, instead of LPUSH."""
+    """Holds a guarded message's push (its guard's script in place of LPUSH) until
+    ``push_held`` runs them all in one pipeline and returns their replies, which kombu's
+    own publish path would drop."""
 
     _guards: dict[str, PushGuard] | None = None
+    _held: list[tuple[str, tuple[Any, ...]]] | None = None
     _expires: dict[str, int]
 
     def guard_push(self, task_id: str, guard: PushGuard) -> None:
@@ -60,25 +64,41 @@ class PushGuardMixin:
             self._guards = {}
         self._guards[task_id] = guard
 
+    def push_held(self) -> list[tuple[str, Any]]:
+        """Run the held pushes, in order, in one round trip: (task id, its script's reply,
+        an exception object where the script failed) for each. A connection error raises: which
+        pushes ran is then unknown (a guard that claims the id makes a resend safe)."""
+        held, self._held = self._held or [], None
+        if not held:
+            return []
+        with self.conn_or_acquire() as client:  # type: ignore[attr-defined]
+            pipe = client.pipeline(transaction=False)
+            for _, command in held:
+                pipe.eval(*command)
+            replies = pipe.execute(raise_on_error=False)
+        return [(task_id, reply) for (task_id, _), reply in zip(held, replies)]
+
     def drop_guards(self, task_ids: list[str]) -> list[str]:
-        """Forget these ids' guards; returns the ids whose guard was never used."""
+        """Forget these ids' guards and held pushes (a send that failed before pushing);
+        returns the ids whose guard was never used: published without it."""
         guards = self._guards or {}
+        if self._held:
+            self._held = [h for h in self._held if h[0] not in set(task_ids)]
         return [task_id for task_id in task_ids if guards.pop(task_id, None) is not None]
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        guard = self._guards.pop(message.get("headers", {}).get("id"), None) if self._guards else None
+        task_id = message.get("headers", {}).get("id")
+        guard = self._guards.pop(task_id, None) if self._guards else None
         if guard is None:
             return super()._put(queue, message, **kwargs)  # type: ignore[misc]
         if self._expires and queue in self._expires:  # kombu's queue expiry: the fleet sets none
             raise ValueError(f"queue {queue} expires: a guarded push is not supported there")
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))  # type: ignore[attr-defined]
-        command = (guard.script, 1 + len(guard.keys), key, *guard.keys, kombu_redis.dumps(message), *guard.args)
-        batch = kwargs.pop("_publish_batch", None)
-        if batch is not None:
-            batch.add("eval", *command)
-            return None
-        with self.conn_or_acquire() as client:  # type: ignore[attr-defined]
-            client.eval(*command)
+        if self._held is None:
+            self._held = []
+        self._held.append(
+            (task_id, (guard.script, 1 + len(guard.keys), key, *guard.keys, kombu_redis.dumps(message), *guard.args))
+        )
         return None
 
 

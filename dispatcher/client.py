@@ -16,8 +16,6 @@ from collections.abc import Iterable, Iterator
 from functools import cached_property
 from typing import Any
 
-import redis
-
 from dispatcher import connection, settings
 from dispatcher.batch.api import Batches
 from dispatcher.broker_transport import PushGuard
@@ -31,6 +29,7 @@ from dispatcher.celery_app import (
 from dispatcher.fleet import FleetView, read_fleet
 from dispatcher.jobs import (
     BACKENDS,
+    EnqueueError,
     GenerationJob,
     JobCancelledError,
     JobError,
@@ -46,8 +45,9 @@ from dispatcher.jobs import (
 from dispatcher.registry import LiveRegistry, ModelRegistry, load_backends
 from dispatcher.routing import profiles
 from dispatcher.routing.context import might_overflow, serving_window
-from dispatcher.routing.decision import Sent, apply_affinity, cap_affinity, decide, found_live_worker
+from dispatcher.routing.decision import Sent, apply_affinity, cap_affinity, decide
 from dispatcher.routing.prefix import PrefixHasher
+from dispatcher.store import keys
 from dispatcher.store.hints import PrefixHints
 from dispatcher.store.jobstore import JobStore
 from dispatcher.store.streams import read_stream
@@ -113,6 +113,8 @@ class Client:
         self.store = JobStore(self.redis, ttl_s=cfg.celery.result_expires_s)
         self.fleet_cache_s = cfg.client.fleet_cache_s
         self.fleet_stale_s = max(cfg.client.fleet_stale_s, self.fleet_cache_s)
+        with self.app.connection_for_write() as conn:  # the transport's class: no connection made
+            self.checks_premise = hasattr(getattr(conn.transport, "Channel", None), "guard_push")
         # The model's tokenizer counts prompts at submit (context overflow) and hashes their
         # blocks (prefix affinity): one per client, each model's loaded once.
         self.tokens = PrefixHasher(cfg.prefix.block_tokens, cfg.prefix.max_blocks)
@@ -138,25 +140,16 @@ class Client:
         return self._fleet[1]
 
     def _view_for_submit(self) -> tuple[FleetView, bool]:
-        """The view a submit decides on, and whether it is stale: older than
-        ``fleet_cache_s`` but within ``fleet_stale_s``, so the submit reads it again after
-        sending (stale-while-revalidate) instead of before, off the job's path."""
+        """The view a submit decides on, and whether it is older than ``fleet_cache_s``.
+        With a broker that checks a decision's premise in the push (the Redis transport:
+        the fleet epoch is unchanged and every worker in the view still beats), a cached
+        view up to ``fleet_stale_s`` old is as good as a fresh read, and costs none."""
+        max_age = self.fleet_stale_s if self.checks_premise else self.fleet_cache_s
         if self._fleet is not None:
             age = time.monotonic() - self._fleet[0]
-            if age <= self.fleet_cache_s:
-                return self._fleet[1], False
-            if age <= self.fleet_stale_s:
-                return self._fleet[1], True
+            if age <= max_age:
+                return self._fleet[1], age > self.fleet_cache_s
         return self.workers(max_age_s=0), False
-
-    def _revalidate(self) -> None:
-        """Read the fleet again after a submit decided on a stale view. The jobs are sent:
-        a failure here must not reach the caller (who would resubmit them), so it only
-        drops the view, and the next submit reads first."""
-        try:
-            self.workers(max_age_s=0)
-        except (redis.RedisError, OSError):
-            self._fleet = None
 
     def explain(self, job: GenerationJob | dict[str, Any] | None = None, **fields: Any) -> Selection:
         """The decision for a job, without running it."""
@@ -208,45 +201,48 @@ class Client:
         return self.submit_many([self._parse(job, fields)])[0]
 
     def submit_many(self, jobs: Iterable[GenerationJob | dict[str, Any]]) -> list[JobHandle]:
-        """Validate and decide every job first (one fleet read); enqueue only if all pass."""
+        """Validate and decide every job first (one fleet view); enqueue only if all pass.
+
+        Jobs whose push finds the fleet changed since the view was read are decided again
+        on a fresh read and sent then; if that decision refuses one, the error is raised
+        with the others already sent."""
         parsed = [self._parse(j, {}) for j in jobs]
-        fleet, stale = self._view_for_submit()
-        selections = self._decide_on_stale(parsed, fleet) if stale else None
-        if selections is None:
-            if stale:
-                fleet, stale = self.workers(max_age_s=0), False
+        fleet, aged = self._view_for_submit()
+        try:
             selections = self._decide_all(parsed, fleet)
-        self.enqueue(list(zip(parsed, selections)))
-        if stale:
-            self._revalidate()
-        return [JobHandle(self, job.id, sel, job.stream) for job, sel in zip(parsed, selections)]
+        except JobError:
+            if not aged:
+                raise
+            fleet = self.workers(max_age_s=0)  # the refusal may be the old view's
+            selections = self._decide_all(parsed, fleet)
+        pairs = list(zip(parsed, selections))
+        changed = self.enqueue(pairs, fleet=fleet)
+        if changed:
+            fresh = self.workers(max_age_s=0)
+            again = dict(zip((j.id for j, _ in changed), self._decide_all([j for j, _ in changed], fresh)))
+            self.enqueue([(j, again[j.id]) for j, _ in changed])  # no premise: a send after a read
+            pairs = [(j, again.get(j.id, s)) for j, s in pairs]
+        return [JobHandle(self, job.id, sel, job.stream) for job, sel in pairs]
 
     def _decide_all(self, jobs: list[GenerationJob], fleet: FleetView) -> list[Selection]:
         sent = Sent()  # what this dispatch sends each worker: not yet in its load or hints
         return [self.decide(j, fleet, sent) for j in jobs]
 
-    def _decide_on_stale(self, jobs: list[GenerationJob], fleet: FleetView) -> list[Selection] | None:
-        """The selections on a stale view, or None where they must be made on a fresh one:
-        a job it would refuse, or send where it shows no live worker (queue for one, or
-        fall back), may be one for a worker that started since it was read."""
-        try:
-            selections = self._decide_all(jobs, fleet)
-        except JobError:
-            return None
-        return selections if all(found_live_worker(s) for s in selections) else None
-
-    def enqueue(self, pairs: list[tuple[GenerationJob, Selection]], resume: bool = False) -> None:
+    def enqueue(
+        self, pairs: list[tuple[GenerationJob, Selection]], resume: bool = False, fleet: FleetView | None = None
+    ) -> list[tuple[GenerationJob, Selection]]:
         """Create the job records and send the new jobs (a known id is never sent twice).
+        ``fleet``: the view the jobs were decided on; where the broker can check it in the
+        push, jobs it no longer describes are not sent but returned, to decide again.
 
         ``resume`` (the batch feeder): also send jobs whose record exists but was never
         marked sent (a feeder died between the two), and mark what was sent."""
         if not pairs:
-            return
-        # One pipelined write for all the messages (kombu's publish batch), not a round
-        # trip each: the batch feeder sends hundreds at a time.
+            return []
+        changed: list[tuple[GenerationJob, Selection]] = []
         with self.app.producer_or_acquire() as producer:
             if not resume and hasattr(producer.channel, "guard_push"):
-                sent = self._claim_in_publish(pairs, producer)
+                sent, changed = self._claim_in_push(pairs, producer, fleet)
             else:
                 sent = self._claim_then_publish(pairs, producer, resume)
         if self.hints is not None and any(sel.affinity_worker for _, sel in sent):
@@ -255,33 +251,45 @@ class Client:
                 if sel.affinity_worker:  # sent to that worker: it will hold these blocks
                     self.hints.record(sel.affinity_worker, sel.prefix_hashes, client=pipe)
             pipe.execute()
+        return changed
 
     @staticmethod
     def _record_fields(job: GenerationJob, sel: Selection) -> dict[str, Any]:
         return {"model": job.model, "backend": sel.backend, "queue": sel.queue, "submitted_at": job.submitted_at}
 
-    def _claim_in_publish(
-        self, pairs: list[tuple[GenerationJob, Selection]], producer: Any
-    ) -> list[tuple[GenerationJob, Selection]]:
-        """Each job's claim runs in its message's push (the Redis broker: one script in
-        kombu's publish pipeline), so the claim costs no round trip of its own, and a
-        failed send leaves no record to release: a record exists exactly where its message
-        was pushed, and resubmitting after an error sends just the others. Returns every
-        pair: which ids were known already the pipeline does not say (kombu drops its
-        replies), so the prefix hints count those too."""
+    def _claim_in_push(
+        self, pairs: list[tuple[GenerationJob, Selection]], producer: Any, fleet: FleetView | None
+    ) -> tuple[list[tuple[GenerationJob, Selection]], list[tuple[GenerationJob, Selection]]]:
+        """Each job's record claim and its decision's premise run in its message's push
+        (the Redis broker: one script per job, all in one round trip), so neither costs a
+        round trip of its own, and a record exists exactly where a message was pushed,
+        also when some pushes fail. Returns (the jobs sent, those whose fleet changed)."""
         channel = producer.channel
+        premise, epoch = fleet.premise() if fleet is not None else ([keys.FLEET_EPOCH], "")
         ids = [job.id for job, _ in pairs]
         try:
-            with producer.batch():
-                for job, sel in pairs:
-                    keys, args = self.store.claim_call(job.id, self._record_fields(job, sel))
-                    channel.guard_push(job.id, PushGuard(JobStore.CLAIM_AND_PUSH, keys, args))
-                    self._enqueue(job, sel, producer)
+            for job, sel in pairs:
+                record, args = self.store.claim_call(job.id, self._record_fields(job, sel))
+                channel.guard_push(job.id, PushGuard(JobStore.CLAIM_AND_PUSH, [*record, *premise], [epoch, *args]))
+                self._enqueue(job, sel, producer)
+            replies = channel.push_held()
         finally:
             unused = channel.drop_guards(ids)
         if unused:  # published without its guard's script: kombu changed how it pushes
             raise RuntimeError(f"jobs {unused} were published without their record claim")
-        return pairs
+        failed = {job_id: str(reply) for job_id, reply in replies if isinstance(reply, Exception)}
+        if failed:
+            sent = [job_id for job_id, reply in replies if reply == 1]
+            raise EnqueueError(
+                f"{len(failed)} of {len(pairs)} jobs were not enqueued ({next(iter(failed.values()))}); "
+                "the others were: submit the same ids again to send only the missing ones",
+                {"sent": sent, "not_sent": failed},
+            )
+        outcome = [reply for _, reply in replies]
+        return (
+            [pair for pair, reply in zip(pairs, outcome) if reply == 1],
+            [pair for pair, reply in zip(pairs, outcome) if reply == -1],
+        )
 
     def _claim_then_publish(
         self, pairs: list[tuple[GenerationJob, Selection]], producer: Any, resume: bool

@@ -99,11 +99,28 @@ class WorkerInfo(BaseModel):
     def load(self) -> float:
         return self.in_flight / max(1, self.capacity)
 
+    def shape(self) -> tuple[Any, ...]:
+        """What the dispatcher's decision reads of a worker (FleetView.live, its health
+        verdict, its capacity): a beat that changes it bumps the fleet epoch. Load and
+        the engine's counters are not in it; the decision reads live load from Redis."""
+        return (
+            self.backend,
+            tuple(self.models),
+            tuple(self.queues),
+            self.hardware.kind,
+            self.status,
+            self.health.ok,
+            self.capacity,
+        )
+
 
 class FleetView(BaseModel):
     """A snapshot of the live workers; the decision tree reads only this."""
 
     workers: list[WorkerInfo] = Field(default_factory=list)
+    # The fleet epoch this view was read at (keys.FLEET_EPOCH): while it is unchanged and
+    # every worker in the view still beats, a decision on the view is one on a fresh read.
+    epoch: int = 0
 
     def live(self, backend: str | None = None, model: str | None = None, gpu: bool | None = None) -> list[WorkerInfo]:
         return [
@@ -127,15 +144,21 @@ class FleetView(BaseModel):
             }
         )
 
+    def premise(self) -> tuple[list[str], str]:
+        """What must still hold for a decision on this view to be one on a fresh read, as
+        keys and an argument for a script (store.jobstore.CLAIM_AND_PUSH): the epoch's
+        key, then every worker's heartbeat key; the epoch it was read at."""
+        return [keys.FLEET_EPOCH, *(keys.worker(w.worker_id) for w in self.workers)], str(self.epoch)
+
     def unhealthy(self, backend: str, model: str) -> list[WorkerInfo]:
         """Workers that would serve but said they are unhealthy (for the decision's path)."""
         return [w for w in self.workers if not w.health.ok and w.backend == backend and model in w.models]
 
 
-# The member list and every member's heartbeat in one round trip (a submit that decides
-# on a fresh view pays it; two round trips were ~0.7 ms of the fleet path here).
+# The fleet epoch, the member list and every member's heartbeat in one round trip (a
+# submit that decides on a fresh view pays it; two round trips were ~0.7 ms of the path).
 _READ_FLEET = """
-local out = {}
+local out = {redis.call('GET', KEYS[2]) or '0'}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local beat = redis.call('GET', ARGV[1] .. id)
   if beat then out[#out + 1] = beat end
@@ -146,6 +169,6 @@ return out
 
 def read_fleet(client: redis.Redis) -> FleetView:
     """All live workers (a member whose heartbeat expired is dead, and left out)."""
-    raw = client.eval(_READ_FLEET, 1, keys.WORKERS, keys.worker(""))
+    epoch, *raw = client.eval(_READ_FLEET, 2, keys.WORKERS, keys.FLEET_EPOCH, keys.worker(""))
     workers = sorted((WorkerInfo.model_validate_json(r) for r in raw), key=lambda w: w.worker_id)
-    return FleetView(workers=workers)
+    return FleetView(workers=workers, epoch=int(epoch))

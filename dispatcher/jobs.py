@@ -271,6 +271,14 @@ class InvalidMessageError(JobError, ValueError):
     code = "invalid_message"
 
 
+class EnqueueError(JobError):
+    """Some jobs of one submit could not be enqueued (their record or push failed in
+    Redis); the rest were. ``details``: ``sent`` and ``not_sent`` (id → reason), so the
+    caller resubmits just those (or the same ids again: a sent id is never sent twice)."""
+
+    code = "enqueue_failed"
+
+
 ERROR_TYPES: dict[str, type[JobError]] = {
     cls.code: cls
     for cls in (
@@ -286,6 +294,7 @@ ERROR_TYPES: dict[str, type[JobError]] = {
         JobCancelledError,
         JobTimeoutError,
         InvalidMessageError,
+        EnqueueError,
     )
 }
 

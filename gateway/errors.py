@@ -26,6 +26,7 @@ JOB_ERROR_STATUS: dict[str, tuple[int, str]] = {
     "no_live_worker": (503, "service_unavailable"),
     "timeout": (504, "timeout"),
     "engine_failure": (500, "server_error"),
+    "enqueue_failed": (503, "service_unavailable"),
 }
 # OpenAI's own code where it has one for the same thing.
 OPENAI_CODE = {"unknown_model": "model_not_found"}

@@ -45,6 +45,18 @@ class Heartbeat:
         self._link_down = False
         self._link_up_at: float | None = None  # monotonic time of the reconnection after an outage
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._beat = client.register_script(self._BEAT)
+        self._shape: tuple[Any, ...] | None = None  # as of the last beat that reached Redis
+
+    # The beat, and a bump of the fleet epoch when the worker's shape changed or its key
+    # had expired (a first beat, a worker back after an outage): clients holding a view
+    # without it, or with its old shape, then read the fleet again (dispatcher.client).
+    _BEAT = """
+    if ARGV[3] == '1' or redis.call('EXISTS', KEYS[1]) == 0 then redis.call('INCR', KEYS[3]) end
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    redis.call('SADD', KEYS[2], ARGV[4])
+    return 1
+    """
 
     def beat(self) -> None:
         self.info.in_flight = self.in_flight()
@@ -53,10 +65,12 @@ class Heartbeat:
         if self.health:
             self.info.health = self.health()
         self.info.last_beat = time.time()
-        pipe = self.r.pipeline()
-        pipe.set(keys.worker(self.info.worker_id), self.info.model_dump_json(), px=int(self.ttl_s * 1000))
-        pipe.sadd(keys.WORKERS, self.info.worker_id)
-        pipe.execute()
+        shape = self.info.shape()
+        self._beat(
+            keys=[keys.worker(self.info.worker_id), keys.WORKERS, keys.FLEET_EPOCH],
+            args=[self.info.model_dump_json(), int(self.ttl_s * 1000), int(shape != self._shape), self.info.worker_id],
+        )
+        self._shape = shape
 
     def set_status(self, status: str) -> None:
         self.info.status = status  # type: ignore[assignment]
@@ -99,6 +113,7 @@ class Heartbeat:
             pipe = self.r.pipeline()
             pipe.delete(keys.worker(self.info.worker_id), keys.inflight(self.info.worker_id))
             pipe.srem(keys.WORKERS, self.info.worker_id)
+            pipe.incr(keys.FLEET_EPOCH)  # views that hold it are stale now
             pipe.execute()
         except redis.RedisError:
             log.warning("could not remove heartbeat", exc_info=True)

@@ -260,12 +260,6 @@ def _profile_choice(
     return best.backend
 
 
-def found_live_worker(sel: Selection) -> bool:
-    """Whether the choice had a live worker in the view it was made on (its "live workers"
-    step counts them; without one it says "none" or "fallback ...")."""
-    return all(step.answer.isdigit() for step in sel.path if step.check == "live workers")
-
-
 def _apply_liveness(
     job: GenerationJob,
     model: ModelSpec,

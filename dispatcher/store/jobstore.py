@@ -63,10 +63,22 @@ class JobStore:
     """
     _CLAIM = _CLAIM_BODY.format(r=1, t=1) + "return 1"
     # The claim and the message's push in one script (dispatcher.broker_transport runs it
-    # in place of kombu's LPUSH, in the publish pipeline): no round trip of its own, and
-    # the record exists exactly when the message was pushed, even when the pipeline
-    # fails midway. KEYS[1]: the queue's list, ARGV[1]: the message.
-    CLAIM_AND_PUSH = _CLAIM_BODY.format(r=2, t=2) + "redis.call('LPUSH', KEYS[1], ARGV[1])\nreturn 1"
+    # in place of kombu's LPUSH): no round trip of its own, and the record exists exactly
+    # when the message was pushed, even when a pipeline of them fails midway. KEYS[1]: the
+    # queue's list, ARGV[1]: the message (both added by the transport). First the premise
+    # of the job's decision (ARGV[2]: the fleet epoch its view was read at, '' for none;
+    # KEYS[3]: the epoch's key, KEYS[4..]: the view's heartbeat keys): -1, nothing
+    # written, when the fleet changed since, so the client decides again on a fresh read.
+    CLAIM_AND_PUSH = (
+        """
+    if ARGV[2] ~= '' then
+        if (redis.call('GET', KEYS[3]) or '0') ~= ARGV[2] then return -1 end
+        for i = 4, #KEYS do if redis.call('EXISTS', KEYS[i]) == 0 then return -1 end end
+    end
+    """
+        + _CLAIM_BODY.format(r=2, t=3)
+        + "redis.call('LPUSH', KEYS[1], ARGV[1])\nreturn 1"
+    )
 
     def claim_call(self, job_id: str, fields: dict[str, Any]) -> tuple[list[str], list[Any]]:
         """The claim's keys and arguments for one job (the record, then its TTL and fields)."""

@@ -55,6 +55,9 @@ def batch_out(batch_id: str) -> str:
 # ---------------------------------------------------------------- the fleet (dispatcher.fleet, workers)
 
 WORKERS = "ib:workers"  # set: ids of workers that have beaten (the dead are reaped from it)
+# counter: bumped whenever a worker joins, leaves or changes what a decision reads of it
+# (dispatcher.fleet.WorkerInfo.shape), so a client can tell its cached view still holds
+FLEET_EPOCH = "ib:fleet:epoch"
 WORKER_QUEUES = "ib:worker-queues"  # hash: worker id → its own queue (kept a while after it dies)
 ORPHANED = "ib:orphaned"  # sorted set: dead workers whose own queue is swept, by time of death
 DEAD_LETTERS = "ib:dead-letters"  # hash: letter id → a message no worker could run (store.dead_letters)

@@ -1,10 +1,12 @@
 """The client's submit path on a real Redis and real Celery publishing (a database of its
-own, no worker: what a submit leaves in Redis is read back directly).
+own, no worker process: what a submit leaves in Redis is read back directly; heartbeats
+are written by the workers' own Heartbeat class).
 
 Two shortcuts it takes, and what they must never cost: the record claim runs inside the
-message's push (no id sent twice, no record without its message, none lost when the
-pipeline fails midway), and a stale fleet view is decided on and read again after the
-send (never missing a worker that started since)."""
+message's push (no id sent twice, no record without its message, none lost when some
+pushes fail), and a cached fleet view is decided on with its premise checked in the same
+push (the fleet epoch and every worker's heartbeat), so a worker that started, changed or
+died since is never missed."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import redis
 from conftest import own_database
 from dispatcher.client import Client
 from dispatcher.fleet import HardwareInfo, WorkerInfo
-from dispatcher.routing.decision import found_live_worker
+from dispatcher.jobs import EnqueueError
 from dispatcher.store import keys
+from workers.heartbeat import Heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -36,8 +39,8 @@ def messages(r: redis.Redis, queue: str) -> list[bytes]:
     return [m for k in r.scan_iter(f"{queue}*") if r.type(k) == b"list" for m in r.lrange(k, 0, -1)]
 
 
-def beat(r: redis.Redis, backend: str) -> str:
-    """A live worker's heartbeat, as workers.heartbeat writes it."""
+def heartbeat(r: redis.Redis, backend: str) -> Heartbeat:
+    """A live worker's heartbeat, beaten once by the workers' own code."""
     info = WorkerInfo(
         worker_id=f"{backend}-fake",
         backend=backend,
@@ -48,18 +51,22 @@ def beat(r: redis.Redis, backend: str) -> str:
         queues=[f"ib.{backend}"],
         started_at=time.time(),
     )
-    r.set(keys.worker(info.worker_id), info.model_dump_json(), px=60_000)
-    r.sadd(keys.WORKERS, info.worker_id)
-    return info.worker_id
-
-
-def gone(r: redis.Redis, worker_id: str) -> None:
-    r.delete(keys.worker(worker_id))
+    beat = Heartbeat(r, info, in_flight=lambda: 0, interval_s=3, ttl_s=60)
+    beat.beat()
+    return beat
 
 
 def lacked_a_worker(handle) -> bool:
-    """The decision found no live worker for its choice (the tree says so in its path)."""
-    return not found_live_worker(handle.selection)
+    """The decision found no live worker for its choice (its "live workers" step counts
+    them, or says "none" or "fallback ...")."""
+    return any(step.check == "live workers" and not step.answer.isdigit() for step in handle.path)
+
+
+def drain_behind_the_epochs_back(r: redis.Redis, beat: Heartbeat) -> None:
+    """Change the worker's heartbeat without bumping the epoch, as no worker does: only a
+    decision on the cached view still sees it ready."""
+    info = beat.info.model_copy(update={"status": "draining"})
+    r.set(keys.worker(info.worker_id), info.model_dump_json(), px=60_000)
 
 
 # ------------------------------------------------------------------ the claim in the push
@@ -84,11 +91,13 @@ def test_a_known_id_is_never_pushed_again(client):
     assert client.record("known-1")["status"] == "queued"
 
 
-def test_a_pipeline_that_fails_midway_leaves_a_record_exactly_where_a_message_went(client):
+def test_pushes_that_fail_midway_leave_a_record_exactly_where_a_message_went(client):
     client.redis.set(keys.job("poisoned"), "not a hash")  # its claim errors inside the pipeline
     jobs = [{**JOB, "id": "before"}, {**JOB, "id": "poisoned"}, {**JOB, "id": "after"}]
-    with pytest.raises(Exception, match="delivery is uncertain"):
+    with pytest.raises(EnqueueError, match="1 of 3 jobs were not enqueued") as raised:
         client.submit_many(jobs)
+    assert raised.value.details["sent"] == ["before", "after"]
+    assert list(raised.value.details["not_sent"]) == ["poisoned"]
     queue = client.explain(**JOB).queue
     pushed = messages(client.redis, queue)
     assert len(pushed) == 2 and not any(b'"poisoned"' in m for m in pushed)
@@ -100,33 +109,47 @@ def test_a_pipeline_that_fails_midway_leaves_a_record_exactly_where_a_message_we
     assert client.status("poisoned") == "queued"
 
 
-# ------------------------------------------------------------------ the stale fleet view
+# ------------------------------------------------------------------ the cached fleet view
 
 
-def test_a_stale_view_is_decided_on_then_read_again_after_the_send(client):
-    client.fleet_cache_s, client.fleet_stale_s = 0.0, 60.0  # every view is stale at once
-    worker = beat(client.redis, "pytorch")
+def test_a_cached_view_is_decided_on_while_the_fleet_is_unchanged(client):
+    client.fleet_cache_s = 0.0  # every view is past the plain cache at once
+    beat = heartbeat(client.redis, "pytorch")
     assert not lacked_a_worker(client.submit(**JOB))  # read first: there was no view
-    gone(client.redis, worker)
-    assert not lacked_a_worker(client.submit(**JOB))  # decided on the stale view that had it
-    assert lacked_a_worker(client.submit(**JOB))  # the view read after that send lacks it
+    drain_behind_the_epochs_back(client.redis, beat)
+    assert not lacked_a_worker(client.submit(**JOB))  # no read: the cached view has it ready
+    beat.set_status("draining")  # what a worker does: the beat bumps the epoch
+    handle = client.submit(**JOB)
+    assert lacked_a_worker(handle)  # the push refused the old view; decided on a fresh read
+    assert len(messages(client.redis, handle.selection.queue)) == 3  # each job pushed once
+
+
+def test_a_worker_whose_heartbeat_expired_fails_the_views_premise(client):
+    client.fleet_cache_s = 0.0
+    beat = heartbeat(client.redis, "pytorch")
+    client.submit(**JOB)
+    client.redis.delete(keys.worker(beat.info.worker_id))  # it died: its key expired, no beat
+    handle = client.submit(**JOB)
+    assert lacked_a_worker(handle)
+    assert len(messages(client.redis, handle.selection.queue)) == 2
 
 
 def test_a_view_older_than_the_stale_limit_is_read_first(client):
     client.fleet_cache_s, client.fleet_stale_s = 0.0, 0.05
-    worker = beat(client.redis, "pytorch")
+    beat = heartbeat(client.redis, "pytorch")
     client.submit(**JOB)
-    gone(client.redis, worker)
+    drain_behind_the_epochs_back(client.redis, beat)
     time.sleep(0.1)
     assert lacked_a_worker(client.submit(**JOB))
 
 
 @pytest.mark.parametrize("policy", ["fallback", "queue", "reject"])
-def test_a_worker_that_started_since_the_stale_view_is_not_missed(client, policy):
-    client.fleet_cache_s, client.fleet_stale_s = 0.0, 60.0
+def test_a_worker_that_started_since_the_view_was_read_is_not_missed(client, policy):
+    client.fleet_cache_s = 0.0
     client.policy = client.policy.model_copy(update={"no_worker_policy": policy})
-    beat(client.redis, "onnx")
+    heartbeat(client.redis, "onnx")
     client.workers()  # the view: an ONNX worker only
-    beat(client.redis, "pytorch")
-    handle = client.submit(**JOB)  # on the stale view: queued, or refused (reject)
+    heartbeat(client.redis, "pytorch")  # its first beat bumps the epoch
+    handle = client.submit(**JOB)  # on the view: queued for none, or refused (reject)
     assert not lacked_a_worker(handle) and handle.backend == "pytorch"
+    assert len(messages(client.redis, handle.selection.queue)) == 1
