@@ -194,12 +194,14 @@ def without_tokenizer(client) -> None:
     client.tokens = PrefixHasher(tokenizer_for=lambda model: None)
 
 
-def ib(*args: str, redis_url: str, env: dict[str, str] | None = None):
-    """Run the `ib` CLI against ``redis_url`` (and ``env`` on top); returns the finished process."""
+def ib(*args: str, redis_url: str, env: dict[str, str] | None = None, timeout: float = 120):
+    """Run the `ib` CLI against ``redis_url`` (and ``env`` on top); returns the finished process.
+    ``timeout`` is raised for the commands that convert weights: de-quantizing Gemma 3's
+    262k-row embedding took over 120 s once on a loaded two-core CI machine."""
     import subprocess
     import sys
 
     env = {**os.environ, "REDIS_URL": redis_url, "COLUMNS": "200", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "ops.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -195,11 +195,12 @@ def test_a_gguf_converted_from_the_local_folder_is_served_by_llama_cpp(client, r
         worker.stop()
 
 
+@pytest.mark.timeout(1200)  # two weight conversions, each allowed 480 s on a loaded machine
 def test_a_folder_the_onnx_builder_refuses_is_never_sent_to_onnx(redis_url, added):
     """Gemma 3's GGUF de-quantized to HF by transformers (`ib models prepare`), then added
     as a folder: onnxruntime-genai's builder lists Gemma3ForCausalLM but refuses this
     config (it is asked at add time), so the tree's ONNX choice falls back, saying why."""
-    out = ib("models", "prepare", GEMMA, "--format", "hf", redis_url=redis_url)
+    out = ib("models", "prepare", GEMMA, "--format", "hf", redis_url=redis_url, timeout=480)
     assert out.returncode == 0, out.stdout + out.stderr
     from dispatcher.registry import ModelRegistry
 
@@ -218,7 +219,7 @@ def test_a_folder_the_onnx_builder_refuses_is_never_sent_to_onnx(redis_url, adde
         ib("models", "remove", "gemma-hf", redis_url=redis_url)
     # the GGUF-added entry learns the same at `ib models prepare`: one line, the log kept,
     # and onnx marked unsupported for it (its workers would load exactly that format)
-    out = ib("models", "prepare", GEMMA, "--format", "onnx", redis_url=redis_url)
+    out = ib("models", "prepare", GEMMA, "--format", "onnx", redis_url=redis_url, timeout=480)
     assert out.returncode == 1 and "preparation failed" in out.stdout and "Traceback" not in out.stdout + out.stderr
     assert "-prepare.log" in out.stdout and "recorded" in out.stdout, out.stdout
     entry = yaml.safe_load(Path(os.environ["IB_MODELS_FILE"]).read_text())["models"][GEMMA]
