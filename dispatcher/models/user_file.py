@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,14 @@ HEADER = "# Models added with `ib models add` (layered over config/models.yaml).
 
 
 def path() -> Path:
-    explicit = os.environ.get(MODELS_FILE_ENV)
-    return Path(explicit).expanduser() if explicit else settings.data_dir() / "models.yaml"
+    return _path(os.environ.get(MODELS_FILE_ENV), settings.data_dir())
+
+
+@lru_cache(maxsize=16)
+def _path(explicit: str | None, data_dir: Path) -> Path:
+    """Keyed by what it is built from: LiveRegistry stats the file on every look-up (the
+    submit path), and building the Path each time cost more than the stat."""
+    return Path(explicit).expanduser() if explicit else data_dir / "models.yaml"
 
 
 _cache: dict[Path, tuple[int, dict[str, Any]]] = {}
