@@ -115,7 +115,8 @@ def spawn_logged(args: list[str], log_path: Path, **popen: Any) -> subprocess.Po
 
 def wait_http(proc: subprocess.Popen, url: str, what: str, log_path: Path, timeout: float) -> None:
     """Until ``url`` answers 200, while ``proc`` (the server behind it) is alive; a server
-    that exits or stays silent is reported with where its log is."""
+    that exits or stays silent is reported with where its log is, one that stays silent
+    stopped first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -126,6 +127,9 @@ def wait_http(proc: subprocess.Popen, url: str, what: str, log_path: Path, timeo
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
+    # Stopped before the error: the caller never gets the process to stop (a test
+    # fixture's start raised, so its teardown, which would, is never reached).
+    terminate(proc)
     raise TimeoutError(f"{what} not answering at {url} after {timeout} s; see {log_path}")
 
 
