@@ -163,14 +163,18 @@ def first_token_loop(backend: str, threads: int) -> Callable[[str], None]:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(threads)
+        # The device the PyTorch worker picks by default (workers.engines.pytorch), so a
+        # GPU host compares CUDA with CUDA.
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         path = spec.artifact_path("hf")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
 
         def first(text: str) -> None:
-            ids = torch.tensor([chat_ids(tokenizer, text)])
+            ids = torch.tensor([chat_ids(tokenizer, text)], device=device)
             with torch.inference_mode():
-                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
+            out.tolist()  # the token on the host, as the fleet's first token reaches its stream
 
     else:
         raise ValueError(f"no in-process first-token loop for {backend}")
