@@ -50,12 +50,22 @@ fi
 export PYTHONPATH="$STAGE/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.csv"
 
-python3 -m bench.gpu_check --out "$OUT" --jobs 64 --max-tokens 32 2>&1 | tee "$OUT/gpu_check.log"
-python3 -m bench.ttft_prefill --backends pytorch --prompts 8 --rounds 2 --threads 4 --out "$OUT" 2>&1 \
-    | tee "$OUT/ttft_prefill.log"
-python3 -m bench.fleet_overhead --jobs 64 --max-tokens 32 --threads 4 --rounds 3 --out "$OUT" 2>&1 \
-    | tee "$OUT/fleet_overhead.log"
-if python3 -c "import vllm" 2>/dev/null; then
+# GPU_CHECKS picks what runs (a repeat within what is left of the device time): all four by default
+checks=" ${GPU_CHECKS:-gpu_check ttft_prefill fleet_overhead vllm} "
+if [[ $checks == *" gpu_check "* ]]; then
+    python3 -m bench.gpu_check --out "$OUT" --jobs 64 --max-tokens 32 2>&1 | tee "$OUT/gpu_check.log"
+fi
+if [[ $checks == *" ttft_prefill "* ]]; then
+    python3 -m bench.ttft_prefill --backends pytorch --prompts 8 --rounds 2 --threads 4 --out "$OUT" 2>&1 \
+        | tee "$OUT/ttft_prefill.log"
+fi
+if [[ $checks == *" fleet_overhead "* ]]; then
+    python3 -m bench.fleet_overhead --jobs 64 --max-tokens 32 --threads 4 --rounds 3 --out "$OUT" 2>&1 \
+        | tee "$OUT/fleet_overhead.log"
+fi
+if [[ $checks != *" vllm "* ]]; then
+    :
+elif python3 -c "import vllm" 2>/dev/null; then
     python3 -m bench.continuous_batching --backends vllm --jobs 64 --sequential-jobs 8 \
         --out "$OUT" 2>&1 | tee "$OUT/vllm.log"
 else
