@@ -8,6 +8,12 @@ thread-safe over its connection pool, so one per channel serves them all; it is 
 again whenever the channel's pool is (kombu drops the pool after a connection error).
 The consuming connection (BRPOP) and everything else are kombu's own.
 
+A worker can also have each message it takes recorded in its own bookkeeping within
+kombu's unacked write (``record_taken``): the write that makes a taken message
+recoverable then also says which worker holds it, in the same round trip, before Celery
+sees the message, instead of a thread of its own woken for it (0.15 ms of the fleet path
+on 2 cores: that thread took the idle CPU the task's thread was about to need).
+
 The channel also takes a *push guard* per message (``guard_push``): a Lua script run in
 place of the message's LPUSH, which pushes only if its own checks pass, all of them in
 one pipeline (``push_held``) whose replies come back. The client claims a job's record
@@ -17,11 +23,51 @@ the push itself instead of round trips before it.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import redis
-from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
+
+TakenRecorder = Callable[[Any, str, str], None]
+"""Adds its writes for one taken message to a redis-py pipeline: (pipeline, task id, delivery tag)."""
+
+_record_taken: TakenRecorder | None = None
+
+
+def taken_recorded(message: Any) -> bool:
+    """Whether ``record_taken``'s writes for this kombu message ran with its unacked write
+    (False for any other transport or path: the caller records it its own way)."""
+    return getattr(message, "ib_taken_recorded", False)
+
+
+def record_taken(recorder: TakenRecorder | None) -> None:
+    """In this process, run ``recorder`` in every unacked write of a task message (one with a
+    task id) that this transport's channels take; None stops it. One worker per process."""
+    global _record_taken
+    _record_taken = recorder
+
+
+class RecordingQoS(kombu_redis.QoS):
+    """kombu's QoS, whose unacked write (ZADD to the index, HSET of the message, one
+    pipeline, as kombu writes them) also carries ``record_taken``'s writes."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        recorder = _record_taken
+        task_id = (message.headers or {}).get("id")
+        if recorder is None or task_id is None:
+            return super().append(message, delivery_tag)
+        delivery = message.delivery_info
+        raw = kombu_redis.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(self.unacked_key, delivery_tag, raw)
+            recorder(pipe, task_id, delivery_tag)
+            pipe.execute()
+            virtual.QoS.append(self, message, delivery_tag)  # kombu's in-process record of it
+        message.ib_taken_recorded = True  # the message that Celery's request will carry
+        return None
 
 
 class SharedClientMixin:
@@ -103,7 +149,7 @@ class PushGuardMixin:
 
 
 class Channel(PushGuardMixin, SharedClientMixin, kombu_redis.Channel):
-    pass
+    QoS = RecordingQoS
 
 
 class Transport(kombu_redis.Transport):

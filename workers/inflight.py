@@ -42,6 +42,12 @@ class InflightLedger:
         self._thread = threading.Thread(target=self._run, name="inflight-ledger", daemon=True)
         self._thread.start()
 
+    def record(self, pipe: redis.client.Pipeline, task_id: str, delivery_tag: str) -> None:
+        """A taken message's record, added to a pipeline of the broker's own: the Redis
+        transport's unacked write (dispatcher.broker_transport.record_taken), which lands
+        it before the task can start and without waking this ledger's thread."""
+        pipe.hset(self.key, task_id, delivery_tag)
+
     def add(self, task_id: str, delivery_tag: str) -> None:
         self._queue((task_id, delivery_tag))
 

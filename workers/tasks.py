@@ -19,6 +19,7 @@ from celery import Celery
 from celery.signals import task_postrun, task_received
 
 from dispatcher.batch.records import line_record
+from dispatcher.broker_transport import taken_recorded
 from dispatcher.celery_app import GENERATE_TASK
 from dispatcher.jobs import (
     EngineError,
@@ -194,7 +195,9 @@ def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
     @task_received.connect(weak=False)
     def _reserved(request: Any = None, **_: object) -> None:
         # Remember the broker delivery tag: if this process dies, the reaper restores it.
-        if request is not None:  # queued, written off this (the consumer's) thread
+        # The Redis transport wrote it already, with the message's unacked write; otherwise
+        # it is queued, written off this (the consumer's) thread.
+        if request is not None and not taken_recorded(request.message):
             rt.inflight.add(request.id, request.message.delivery_tag)
 
     @task_postrun.connect(weak=False)

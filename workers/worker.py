@@ -24,7 +24,7 @@ from celery import Celery
 from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutting_down
 
-from dispatcher import connection, settings
+from dispatcher import broker_transport, connection, settings
 from dispatcher.celery_app import BrokerNotConfigured, get_app, own_queue_for, queue_for, queued
 from dispatcher.fleet import WorkerInfo
 from dispatcher.jobs import UnsupportedByBackendError
@@ -156,6 +156,9 @@ def run_worker(
         dead_letters=letters,
         inflight=InflightLedger(client, worker_id),
     )
+    # The Redis transport writes each taken message's record with its unacked write; the
+    # ledger's thread still removes them, and records them on any other broker.
+    broker_transport.record_taken(runtime.inflight.record)
     tasks.register(app, runtime, show_text=cfg.flower.show_text)
     app.conf.worker_consumer = consumer_class(letters)  # undecodable messages are kept, not dropped
     reconnect.install(app, runtime)

@@ -94,3 +94,35 @@ def test_the_fleets_app_uses_it_for_redis_and_still_names_the_broker_by_its_sche
     tls = Connection("rediss://127.0.0.1:6379/0?ssl_cert_reqs=none")
     assert not issubclass(tls.transport.Channel, Channel)  # kombu infers TLS from the scheme
     assert create_app("amqp://guest:guest@127.0.0.1:5672//").connection().as_uri().startswith("amqp://")
+
+
+def test_a_taken_task_message_is_recorded_in_its_own_unacked_write(url):
+    """What the reaper relies on: the moment a message is taken it is both in kombu's
+    unacked set (restorable) and in the worker's in-flight hash (whose it is), written
+    together, before the consumer gets it; a message without a task id is left to kombu."""
+    r = redis.Redis.from_url(url)
+    broker_transport.install()
+    ledger = InflightLedger(r, "w4")
+    broker_transport.record_taken(ledger.record)
+    try:
+        with Connection(url) as conn:
+            queue = conn.SimpleQueue("ib.test-taken")
+            queue.put({"n": 1}, headers={"id": "job-1"})
+            queue.put({"n": 2})  # no task id: not a task message
+            first = queue.get(timeout=5)
+            tag = first.delivery_tag
+            assert broker_transport.taken_recorded(first)
+            assert r.hget(keys.inflight("w4"), "job-1") == tag.encode()
+            assert r.hexists(first.channel.qos.unacked_key, tag)  # kombu's own record, as before
+            assert r.zscore(first.channel.qos.unacked_index_key, tag) is not None
+            second = queue.get(timeout=5)
+            assert not broker_transport.taken_recorded(second)
+            assert r.hexists(second.channel.qos.unacked_key, second.delivery_tag)
+            assert r.hlen(keys.inflight("w4")) == 1
+            first.ack()
+            second.ack()
+            assert not r.hexists(first.channel.qos.unacked_key, tag)
+            queue.close()
+    finally:
+        broker_transport.record_taken(None)
+        ledger.close()
