@@ -11,8 +11,8 @@ The consuming connection (BRPOP) and everything else are kombu's own.
 A worker can also have each message it takes recorded in its own bookkeeping within
 kombu's unacked write (``record_taken``): the write that makes a taken message
 recoverable then also says which worker holds it, in the same round trip, before Celery
-sees the message, instead of a thread of its own woken for it (0.15 ms of the fleet path
-on 2 cores: that thread took the idle CPU the task's thread was about to need).
+sees the message, instead of a thread of its own woken for it (~0.1 ms of the hand-over
+to the task's thread on 2 cores: that thread took the idle CPU the task's thread needed).
 
 The channel also takes a *push guard* per message (``guard_push``): a Lua script run in
 place of the message's LPUSH, which pushes only if its own checks pass, all of them in
