@@ -15,7 +15,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from bench.report import percentile
 from dispatcher import settings
@@ -25,6 +27,8 @@ from ops.broker import EmbeddedBroker
 from ops.localfleet import WorkerProcess
 from workers import hardware
 from workers.models.prepare import prepare
+
+T = TypeVar("T")
 
 PROMPTS = [
     "What is the capital of France?",
@@ -40,6 +44,16 @@ PROMPTS = [
 
 def chat(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
+
+
+def timed(run: Callable[[str], T]) -> tuple[list[T], list[float]]:
+    """``run`` on each prompt, one at a time: the results and each call's wall seconds."""
+    results, walls = [], []
+    for prompt in PROMPTS:
+        t0 = time.perf_counter()
+        results.append(run(prompt))
+        walls.append(time.perf_counter() - t0)
+    return results, walls
 
 
 def main() -> int:
@@ -92,21 +106,13 @@ def main() -> int:
 
         one = client.submit(model="smollm2-135m", messages=chat("warm up"), sampling={"max_tokens": 4})
         one.result(timeout=300)  # the first job on a fresh worker pays CUDA's lazy set-up
-        seq, seq_walls = [], []
-        for p in PROMPTS:
-            t0 = time.perf_counter()
-            seq.append(
-                client.submit(model="smollm2-135m", messages=chat(p), sampling={"max_tokens": args.max_tokens}).result(
-                    timeout=300
-                )
-            )
-            seq_walls.append(time.perf_counter() - t0)
+        seq, seq_walls = timed(
+            lambda p: client.submit(
+                model="smollm2-135m", messages=chat(p), sampling={"max_tokens": args.max_tokens}
+            ).result(timeout=300)
+        )
         reference(PROMPTS[0], 4)  # likewise for the in-process side
-        refs, ref_walls = [], []
-        for p in PROMPTS:
-            t0 = time.perf_counter()
-            refs.append(reference(p, args.max_tokens))
-            ref_walls.append(time.perf_counter() - t0)
+        refs, ref_walls = timed(lambda p: reference(p, args.max_tokens))
         seq_tokens = sum(r.usage.completion_tokens for r in seq)
         report["one_in_flight"] = {
             "jobs": len(PROMPTS),

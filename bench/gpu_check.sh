@@ -63,11 +63,11 @@ if [[ $checks == *" fleet_overhead "* ]]; then
     python3 -m bench.fleet_overhead --jobs 64 --max-tokens 32 --threads 4 --rounds 3 --out "$OUT" 2>&1 \
         | tee "$OUT/fleet_overhead.log"
 fi
-if [[ $checks != *" vllm "* ]]; then
-    :
-elif python3 -c "import vllm" 2>/dev/null; then
-    python3 -m bench.continuous_batching --backends vllm --jobs 64 --sequential-jobs 8 \
-        --out "$OUT" 2>&1 | tee "$OUT/vllm.log"
-else
-    echo "vllm is not installed on this machine: the vLLM GPU run is skipped" | tee "$OUT/vllm.log"
+if [[ $checks == *" vllm "* ]]; then
+    if python3 -c "import vllm" 2>/dev/null; then
+        python3 -m bench.continuous_batching --backends vllm --jobs 64 --sequential-jobs 8 \
+            --out "$OUT" 2>&1 | tee "$OUT/vllm.log"
+    else
+        echo "vllm is not installed on this machine: the vLLM GPU run is skipped" | tee "$OUT/vllm.log"
+    fi
 fi
