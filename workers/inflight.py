@@ -12,6 +12,11 @@ unacked write of the message (dispatcher.broker_transport.record_taken), which l
 before the task can start and wakes no thread (waking this one per job cost the task's
 thread ~0.1 ms of its hand-over on 2 cores). The removals still go through the thread.
 
+A record written that way can overtake a queued removal of the same task id (a second
+delivery of a job that has just ended here, its removal not yet written): ``record``
+drops such a queued removal, and waits for one already being written, so the fresh
+record is never deleted by the old delivery's end.
+
 What this moves: a record lands about a round trip later than before. A process killed
 in that gap leaves the message in the broker's unacked set untracked, which the reaper's
 ``sweep_untracked`` already covers (the same gap existed between taking the message and
@@ -43,6 +48,7 @@ class InflightLedger:
         self._pending: list[Change] = []
         self._cond = threading.Condition()
         self._writing = False
+        self._writing_removals: frozenset[str] = frozenset()  # task ids the write in progress drops
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="inflight-ledger", daemon=True)
         self._thread.start()
@@ -50,7 +56,17 @@ class InflightLedger:
     def record(self, pipe: redis.client.Pipeline, task_id: str, delivery_tag: str) -> None:
         """A taken message's record, added to a pipeline of the broker's own: the Redis
         transport's unacked write (dispatcher.broker_transport.record_taken), which lands
-        it before the task can start and without waking this ledger's thread."""
+        it before the task can start and without waking this ledger's thread.
+
+        A removal of the same task id still queued here would land after it and delete it:
+        it is dropped (the record replaces the entry it would remove), and one already
+        being written is waited for (at most ``retry_s``: the broker is failing then, and
+        the caller's own write with it)."""
+        with self._cond:
+            if self._pending and any(t == task_id for t, _ in self._pending):
+                self._pending = [c for c in self._pending if c[0] != task_id]
+            if task_id in self._writing_removals:
+                self._cond.wait_for(lambda: task_id not in self._writing_removals, self.retry_s)
         pipe.hset(self.key, task_id, delivery_tag)
 
     def add(self, task_id: str, delivery_tag: str) -> None:
@@ -85,12 +101,13 @@ class InflightLedger:
                 if self._closing:
                     return
                 changes, self._pending, self._writing = self._pending, [], True
+                self._writing_removals = frozenset(t for t, tag in changes if tag is None)
             while not self._write(changes):
                 with self._cond:  # wait, but leave at once when closing
                     if self._cond.wait_for(lambda: self._closing, self.retry_s):
                         return
             with self._cond:
-                self._writing = False
+                self._writing, self._writing_removals = False, frozenset()
                 self._cond.notify_all()
 
     def _write(self, changes: list[Change]) -> bool:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import redis
 from kombu import Connection
@@ -62,6 +64,69 @@ def test_close_writes_what_is_still_queued(url):
     ledger.close()
     assert r.hlen(keys.inflight("w3")) == 199
     assert not r.hexists(keys.inflight("w3"), "job0")
+
+
+def _held_ledger(r: redis.Redis, worker: str) -> tuple[InflightLedger, threading.Event, threading.Event]:
+    """A ledger whose thread stops inside its next write, before the write reaches Redis,
+    until ``release`` is set (``entered``: it has stopped there)."""
+    ledger = InflightLedger(r, worker)
+    entered, release = threading.Event(), threading.Event()
+    write = ledger._write
+
+    def held_write(changes):
+        entered.set()
+        release.wait(10)
+        return write(changes)
+
+    ledger._write = held_write  # type: ignore[method-assign]
+    return ledger, entered, release
+
+
+def test_a_record_in_the_brokers_write_is_not_undone_by_a_queued_removal(url):
+    """A job ends here and its message comes back at once (a duplicate delivery): the new
+    delivery's record, written with kombu's unacked write, must not be deleted by the old
+    delivery's removal, still queued behind a write in progress."""
+    r = redis.Redis.from_url(url)
+    ledger, entered, release = _held_ledger(r, "w5")
+    try:
+        ledger.remove("other")  # the thread takes this and stops inside its write
+        assert entered.wait(5)
+        ledger.remove("job-1")  # the first delivery ended: queued behind it
+        pipe = r.pipeline()
+        ledger.record(pipe, "job-1", "tag-2")
+        pipe.execute()
+        release.set()
+        assert ledger.flush(timeout=5)
+        assert r.hget(keys.inflight("w5"), "job-1") == b"tag-2"
+    finally:
+        release.set()
+        ledger.close()
+
+
+def test_a_record_waits_for_a_removal_of_its_task_being_written(url):
+    r = redis.Redis.from_url(url)
+    ledger, entered, release = _held_ledger(r, "w6")
+    try:
+        r.hset(keys.inflight("w6"), "job-1", "tag-1")
+        ledger.remove("job-1")  # the thread takes the removal and stops before writing it
+        assert entered.wait(5)
+
+        def record() -> None:
+            pipe = r.pipeline()
+            ledger.record(pipe, "job-1", "tag-2")
+            pipe.execute()
+
+        recorder = threading.Thread(target=record)
+        recorder.start()
+        recorder.join(0.2)
+        assert recorder.is_alive()  # held until the removal has landed
+        release.set()
+        recorder.join(5)
+        assert ledger.flush(timeout=5)
+        assert r.hget(keys.inflight("w6"), "job-1") == b"tag-2"
+    finally:
+        release.set()
+        ledger.close()
 
 
 def test_the_transport_reuses_one_client_per_channel_and_a_new_one_after_a_pool_reset(url):
