@@ -13,7 +13,11 @@ unless given), greedy, ``--max-tokens``, all sent at once through ``Client.submi
 in this process. Generated tok/s from the first submit to the last result, per round,
 ``--rounds`` rounds (default 3 here) with the side that goes first alternating; the ratio
 is the median of the per-round ratios. For ONNX it also counts the batches the worker
-formed (jobs whose first token came within 5 ms of each other share one).
+formed (jobs whose first token came within 5 ms of each other share one). Each side
+times two passes on its freshly started engine: a first pass over prompts of its own
+(the first full batch after a start runs slower: vLLM on CPU ~8 % in-process, more in
+the fleet, whose jobs arrive over ~0.4 s), then the steady pass over the prompts; both
+ratios are printed, the steady one first (``--no-first-pass``: one pass, as before).
 
 ``--backend llamacpp`` (the default):
 Both sides serve the same GGUF (SmolLM2-135M-Instruct, the package's quantization) with
@@ -114,24 +118,34 @@ def batches_formed(first_tokens: list[float], within_s: float = 0.005) -> list[i
     return sizes
 
 
-def fleet_batch(client: Client, texts: list[str], max_tokens: int) -> dict:
-    """Every prompt at once, as a batch user sends them; tok/s to the last result."""
-    jobs = [
-        {"model": inprocess.MODEL, "messages": [{"role": "user", "content": t}], "sampling": {"max_tokens": max_tokens}}
-        for t in texts
-    ]
-    client.submit(jobs[0] | {"sampling": {"max_tokens": 4}}).result(timeout=600)  # warm
-    t0 = time.perf_counter()
-    results = [h.result(timeout=1800) for h in client.submit_many(jobs)]
-    wall = time.perf_counter() - t0
-    firsts = [r.timings.first_token for r in results if r.timings.first_token is not None]
-    return inprocess.result(sum(r.usage.completion_tokens for r in results), wall, batches=batches_formed(firsts))
+def fleet_batch(client: Client, texts: list[str], max_tokens: int, first_pass: list[str] | None = None) -> dict:
+    """Every prompt at once, as a batch user sends them; tok/s to the last result. With
+    ``first_pass``, a timed pass over those prompts first (inprocess.passes)."""
+
+    def jobs(batch: list[str], tokens: int) -> list[dict]:
+        return [
+            {"model": inprocess.MODEL, "messages": [{"role": "user", "content": t}], "sampling": {"max_tokens": tokens}}
+            for t in batch
+        ]
+
+    def timed(batch: list[str]) -> dict:
+        t0 = time.perf_counter()
+        results = [h.result(timeout=1800) for h in client.submit_many(jobs(batch, max_tokens))]
+        wall = time.perf_counter() - t0
+        firsts = [r.timings.first_token for r in results if r.timings.first_token is not None]
+        return inprocess.result(sum(r.usage.completion_tokens for r in results), wall, batches=batches_formed(firsts))
+
+    client.submit(jobs(texts[:1], 4)[0]).result(timeout=600)  # warm
+    return inprocess.passes(timed, texts, first_pass)
 
 
 def vs_inprocess(args: argparse.Namespace) -> int:
     backend = args.backend
     setup: PeerSetup = peer_setup(server=False)
     texts = prompts(args.prompts)
+    # Each side's first full pass after its engine starts, on prompts of their own (only
+    # the chat template's system turn is shared with the timed pass, on both sides alike).
+    first_pass = tagged(texts, "", "first") if args.first_pass else None
     rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
     peer_name = {"onnx": "onnxruntime-genai batched Generator", "vllm": "AsyncLLM in-process"}[backend]
     fleet_name = f"fleet {backend} worker"
@@ -142,14 +156,14 @@ def vs_inprocess(args: argparse.Namespace) -> int:
             with console.status(f"starting the {backend} worker..."):
                 worker.start().wait_ready(900)
             with console.status(f"round {r + 1}: {fleet_name}, {len(texts)} jobs at once..."):
-                rounds[r][fleet_name] = fleet_batch(setup.client, texts, args.max_tokens)
+                rounds[r][fleet_name] = fleet_batch(setup.client, texts, args.max_tokens, first_pass)
         finally:
             worker.stop()
 
     def peer_side(r: int) -> None:
         run = inprocess.onnx_batched if backend == "onnx" else inprocess.vllm_async
         with console.status(f"round {r + 1}: {peer_name}, {len(texts)} prompts..."):
-            rounds[r][peer_name] = run(texts, args.max_tokens, args.threads)
+            rounds[r][peer_name] = run(texts, args.max_tokens, args.threads, first_pass=first_pass)
 
     try:
         alternating(args.rounds, fleet_side, peer_side)
@@ -157,6 +171,11 @@ def vs_inprocess(args: argparse.Namespace) -> int:
         setup.close()
     per_round = [x[fleet_name]["tok_s"] / x[peer_name]["tok_s"] for x in rounds]
     ratio = statistics.median(per_round)
+    first_ratios = (
+        [x[fleet_name]["first_pass"]["tok_s"] / x[peer_name]["first_pass"]["tok_s"] for x in rounds]
+        if first_pass
+        else []
+    )
     table = Table(
         title=f"{backend}: fleet vs {peer_name}, {len(texts)} chat prompts at once, greedy, "
         f"{args.max_tokens} tokens, {args.threads} threads"
@@ -172,12 +191,27 @@ def vs_inprocess(args: argparse.Namespace) -> int:
             ", ".join(str(m["tokens"]) for m in mine),
         )
     table.add_row("fleet / in-process", ", ".join(f"{x:.2f}x" for x in per_round), f"{ratio:.2f}x", "")
+    if first_ratios:
+        table.add_row(
+            "first pass after start: fleet / in-process",
+            ", ".join(f"{x:.2f}x" for x in first_ratios),
+            f"{statistics.median(first_ratios):.2f}x",
+            "",
+        )
     console.print(table)
     if backend == "onnx":
         console.print(
             "batches the worker formed, per round: " + "; ".join(str(x[fleet_name]["batches"]) for x in rounds)
         )
-    path = save(f"vs_inprocess_{backend}", args, rounds=rounds, ratio=ratio, ratio_per_round=per_round)
+    path = save(
+        f"vs_inprocess_{backend}",
+        args,
+        rounds=rounds,
+        ratio=ratio,
+        ratio_per_round=per_round,
+        first_pass_ratio=statistics.median(first_ratios) if first_ratios else None,
+        first_pass_ratio_per_round=first_ratios,
+    )
     console.print(f"written to {path}")
     return 0
 
@@ -185,6 +219,13 @@ def vs_inprocess(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = peer_args(__doc__)
     ap.add_argument("--backend", choices=("llamacpp", "onnx", "vllm"), default="llamacpp")
+    ap.add_argument(
+        "--no-first-pass",
+        dest="first_pass",
+        action="store_false",
+        help="onnx/vllm: time the one pass right after the engine starts (the default times a second, steady pass "
+        "and reports the first beside it)",
+    )
     args = ap.parse_args()
     if args.backend != "llamacpp":
         if "--rounds" not in sys.argv:
