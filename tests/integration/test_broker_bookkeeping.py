@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -66,9 +68,10 @@ def test_close_writes_what_is_still_queued(url):
     assert not r.hexists(keys.inflight("w3"), "job0")
 
 
-def _held_ledger(r: redis.Redis, worker: str) -> tuple[InflightLedger, threading.Event, threading.Event]:
+@contextlib.contextmanager
+def _held_ledger(r: redis.Redis, worker: str) -> Iterator[tuple[InflightLedger, threading.Event, threading.Event]]:
     """A ledger whose thread stops inside its next write, before the write reaches Redis,
-    until ``release`` is set (``entered``: it has stopped there)."""
+    until ``release`` is set (``entered``: it has stopped there); closed on leaving."""
     ledger = InflightLedger(r, worker)
     entered, release = threading.Event(), threading.Event()
     write = ledger._write
@@ -79,7 +82,18 @@ def _held_ledger(r: redis.Redis, worker: str) -> tuple[InflightLedger, threading
         return write(changes)
 
     ledger._write = held_write  # type: ignore[method-assign]
-    return ledger, entered, release
+    try:
+        yield ledger, entered, release
+    finally:
+        release.set()
+        ledger.close()
+
+
+def _record_as_the_transport_does(r: redis.Redis, ledger: InflightLedger, task_id: str, tag: str) -> None:
+    """The record in a pipeline of its own, executed after it (as kombu's unacked write)."""
+    pipe = r.pipeline()
+    ledger.record(pipe, task_id, tag)
+    pipe.execute()
 
 
 def test_a_record_in_the_brokers_write_is_not_undone_by_a_queued_removal(url):
@@ -87,46 +101,30 @@ def test_a_record_in_the_brokers_write_is_not_undone_by_a_queued_removal(url):
     delivery's record, written with kombu's unacked write, must not be deleted by the old
     delivery's removal, still queued behind a write in progress."""
     r = redis.Redis.from_url(url)
-    ledger, entered, release = _held_ledger(r, "w5")
-    try:
+    with _held_ledger(r, "w5") as (ledger, entered, release):
         ledger.remove("other")  # the thread takes this and stops inside its write
         assert entered.wait(5)
         ledger.remove("job-1")  # the first delivery ended: queued behind it
-        pipe = r.pipeline()
-        ledger.record(pipe, "job-1", "tag-2")
-        pipe.execute()
+        _record_as_the_transport_does(r, ledger, "job-1", "tag-2")
         release.set()
         assert ledger.flush(timeout=5)
-        assert r.hget(keys.inflight("w5"), "job-1") == b"tag-2"
-    finally:
-        release.set()
-        ledger.close()
+    assert r.hget(keys.inflight("w5"), "job-1") == b"tag-2"
 
 
 def test_a_record_waits_for_a_removal_of_its_task_being_written(url):
     r = redis.Redis.from_url(url)
-    ledger, entered, release = _held_ledger(r, "w6")
-    try:
-        r.hset(keys.inflight("w6"), "job-1", "tag-1")
+    r.hset(keys.inflight("w6"), "job-1", "tag-1")
+    with _held_ledger(r, "w6") as (ledger, entered, release):
         ledger.remove("job-1")  # the thread takes the removal and stops before writing it
         assert entered.wait(5)
-
-        def record() -> None:
-            pipe = r.pipeline()
-            ledger.record(pipe, "job-1", "tag-2")
-            pipe.execute()
-
-        recorder = threading.Thread(target=record)
+        recorder = threading.Thread(target=_record_as_the_transport_does, args=(r, ledger, "job-1", "tag-2"))
         recorder.start()
         recorder.join(0.2)
         assert recorder.is_alive()  # held until the removal has landed
         release.set()
         recorder.join(5)
         assert ledger.flush(timeout=5)
-        assert r.hget(keys.inflight("w6"), "job-1") == b"tag-2"
-    finally:
-        release.set()
-        ledger.close()
+    assert r.hget(keys.inflight("w6"), "job-1") == b"tag-2"
 
 
 def test_the_transport_reuses_one_client_per_channel_and_a_new_one_after_a_pool_reset(url):
