@@ -33,13 +33,14 @@ from dispatcher.jobs import (
 )
 from dispatcher.store.dead_letters import DeadLetters
 from dispatcher.store.hints import PrefixHints
-from dispatcher.store.jobstore import JobStore
+from dispatcher.store.jobstore import Begin, JobStore
 from dispatcher.store.streams import StreamPublisher
 from workers.cancel_watch import CancelWatcher
 from workers.dead_letter import dead_letter_task, parse_arguments
 from workers.engines.base import Engine, EngineOutput
 from workers.inflight import InflightLedger
 from workers.metrics import WorkerMetrics
+from workers.outage import best_effort, until_reachable
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Runtime:
 
 def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
     started = time.time()
-    begin = rt.store.begin(job.id, rt.worker_id, scope=job.batch_id, running_here=rt.cancels.watching(job.id))
+    begin = _begin(rt, job)
     if begin.running_on is not None:
         log.info("job %s runs on %s: this delivery waits for its outcome", job.id, begin.running_on)
     while begin.running_on is not None:
@@ -73,9 +74,9 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
         # repeat the engine's work and could record an error over the good run (vLLM
         # refuses a request id it already runs), so wait for that run's outcome; if its
         # worker dies meanwhile, the next begin makes this delivery the next attempt.
-        if (final := rt.store.wait(job.id, timeout=DUPLICATE_WAIT_S)) is not None:
+        if (final := until_reachable(job.id, "the wait", lambda: rt.store.wait(job.id, DUPLICATE_WAIT_S))) is not None:
             return _outcome(*final)
-        begin = rt.store.begin(job.id, rt.worker_id, scope=job.batch_id, running_here=rt.cancels.watching(job.id))
+        begin = _begin(rt, job)
     if begin.final is not None:
         log.info("job %s already finished (%s): returning the recorded outcome", job.id, begin.final[0])
         return _outcome(*begin.final)
@@ -84,7 +85,7 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
     if rt.hints is not None and selection.prefix_hashes:
         # This worker is about to hold the prompt's blocks: jobs sharing them that are
         # dispatched from now on come here (confirmed again when the job completes).
-        rt.hints.record(rt.worker_id, selection.prefix_hashes)
+        best_effort("prefix hints", lambda: rt.hints.record(rt.worker_id, selection.prefix_hashes))
     rt.cancels.watch(job.id, scope=job.batch_id)
     streams = rt.streams if job.stream else None
     status = "failed"
@@ -111,11 +112,22 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
     payload = result.model_dump(mode="json")
     if rt.metrics is not None:
         rt.metrics.observe(result)
-    if not rt.store.finish(job.id, result.status, payload, line=line_record(job, result)):
-        return _outcome(*rt.store.final(job.id))  # another delivery finished first
+    line = line_record(job, result)
+    if not until_reachable(job.id, "its outcome", lambda: rt.store.finish(job.id, result.status, payload, line=line)):
+        return _outcome(*until_reachable(job.id, "the read", lambda: rt.store.final(job.id)))  # another finished first
     if rt.hints is not None and selection.prefix_hashes and result.status == "completed":
-        rt.hints.record(rt.worker_id, selection.prefix_hashes)
+        best_effort("prefix hints", lambda: rt.hints.record(rt.worker_id, selection.prefix_hashes))
     return payload
+
+
+def _begin(rt: Runtime, job: GenerationJob) -> Begin:
+    """This delivery's start, waiting out an outage (workers.outage): a begin that failed
+    would fail the task and ack its message with the job never run."""
+    return until_reachable(
+        job.id,
+        "its start",
+        lambda: rt.store.begin(job.id, rt.worker_id, scope=job.batch_id, running_here=rt.cancels.watching(job.id)),
+    )
 
 
 def build_result(
@@ -149,7 +161,8 @@ def build_result(
 def _record_failure(rt: Runtime, job: GenerationJob, exc: JobError) -> None:
     if rt.metrics is not None:
         rt.metrics.observe_failure()
-    rt.store.finish(job.id, "failed", exc.to_dict(), line=line_record(job, exc))
+    line = line_record(job, exc)
+    until_reachable(job.id, "its failure", lambda: rt.store.finish(job.id, "failed", exc.to_dict(), line=line))
 
 
 def _outcome(status: str, payload: dict) -> dict:

@@ -143,6 +143,42 @@ def test_a_broker_outage_longer_than_the_heartbeat_ttl_reaps_no_live_worker(tmp_
         broker.stop()
 
 
+def test_jobs_running_through_an_outage_longer_than_the_retry_budget_record_their_outcome_once(tmp_path):
+    """The worker's Redis client gives up after ``redis.retry_s`` (1 s here) and the broker
+    stays down 6 s while jobs run. Their tasks wait for Redis (workers.outage) and record
+    the outcome once it is back: every job completes, and none ran twice (a task that
+    raised had its job either run again or left "running" with its message acked)."""
+    from dispatcher.client import Client
+    from ops.broker import EmbeddedBroker
+    from ops.localfleet import free_port
+
+    port, data = free_port(), tmp_path / "valkey"
+    broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
+    worker = start_worker(
+        broker.url, "llamacpp", extra_args=["--threads=2", "--concurrency=4"], env={"IB_REDIS_RETRY_S": "1"}
+    )
+    try:
+        with Client(broker.url, resilient=True) as client:
+            handles = [
+                client.submit(model="smollm2-135m", prompt=f"Story {i}: once upon a time", sampling={"max_tokens": 64})
+                for i in range(8)
+            ]
+            ids = [h.id for h in handles]
+            running = lambda: sum(client.record(i).get("status") == "running" for i in ids)  # noqa: E731
+            wait_for(lambda: running() >= 2, 120, "two jobs running")
+            broker.server.stop()
+            time.sleep(6)
+            broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
+            results = [client.result(i, timeout=120) for i in ids]
+            assert [r.status for r in results] == ["completed"] * 8
+            assert [int(client.record(i)["attempts"]) for i in ids] == [1] * 8
+            # the path under test ran: a job's write outlived the client's own retries
+            assert "Redis unreachable" in worker.log_path.read_text()
+    finally:
+        worker.kill()
+        broker.stop()
+
+
 def test_the_unacked_sweep_drops_finished_jobs_and_leaves_other_apps_messages_alone(redis_url):
     """An ack lost in an outage leaves a finished job's message unacked: the sweep drops it
     instead of delivering the job again; an unfinished one goes back to its queue; another
