@@ -314,6 +314,15 @@ class Client:
             self.store.mark_sent([j.id for j, _ in todo])
         return todo
 
+    def resend(self, pairs: list[tuple[GenerationJob, Selection]]) -> None:
+        """Send jobs whose record exists again, without a claim: their message was lost
+        with a worker that died taking it (dispatcher.batch.lost_lines). A second message
+        for a job that is in fact still on its way is answered once: the job record lets
+        one delivery run it."""
+        with self.app.producer_or_acquire() as producer:
+            for job, sel in pairs:
+                self._enqueue(job, sel, producer)
+
     def _enqueue(
         self, job: GenerationJob, sel: Selection, producer: Any = None, declare: list[Any] | None = None
     ) -> None:

@@ -148,6 +148,7 @@ class BatchSettings(Section):
     max_line_bytes: int
     validation_stale_s: float
     cancel_grace_s: float
+    lost_line_check_s: float
 
 
 class FlowerSettings(Section):

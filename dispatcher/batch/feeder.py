@@ -12,7 +12,9 @@ Each tick, per active batch, oldest first:
 - cancelling: record ``batch_cancelled`` for lines never fed (the cancel call usually has);
   after ``cancel_grace_s``, for any line no worker has answered;
 - past its completion window: ``expired``, unfinished lines recorded ``batch_expired``;
-- validating with no progress for ``validation_stale_s``: the submitter is gone, ``failed``.
+- validating with no progress for ``validation_stale_s``: the submitter is gone, ``failed``;
+- in_progress with lines out and none finished for ``lost_line_check_s``: lines whose
+  message a dying worker took with it are sent again (dispatcher.batch.lost_lines).
 
 A line is fed as: claim its job record (id ``<batch>-<line>``: never two records), send it,
 mark it sent, move the cursor. A feeder that dies in between leaves the cursor where it
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from dispatcher.batch.lost_lines import LostLines
 from dispatcher.batch.records import job_error_record
 from dispatcher.jobs import GenerationJob, JobError, NoLiveWorkerError, Selection
 from dispatcher.routing.decision import Sent
@@ -65,6 +68,9 @@ class BatchFeeder:
         self.lease_ms = int(cfg.feeder_lease_s * 1000)
         self.stale_s = cfg.validation_stale_s
         self.cancel_grace_s = cfg.cancel_grace_s
+        self.lost_check_s = cfg.lost_line_check_s
+        self.lost_lines = LostLines(client)
+        self._progress: dict[str, tuple[int, float]] = {}  # batch → (lines done, since when)
         self._lease = client.redis.register_script(_LEASE)
         self._release = client.redis.register_script(_RELEASE)
         self._stop = threading.Event()
@@ -145,11 +151,26 @@ class BatchFeeder:
                     )
             elif status == "cancelling":
                 work += self.finish_cancel(batch_id, h, now)
-            elif status == "in_progress" and room > 0:
-                fed = self.feed(batch_id, h, min(room, self.chunk))
-                room -= fed
-                work += fed
+            elif status == "in_progress":
+                if room > 0:
+                    fed = self.feed(batch_id, h, min(room, self.chunk))
+                    room -= fed
+                    work += fed
+                work += self.check_stalled(batch_id, h, now)
         return work
+
+    def check_stalled(self, batch_id: str, h: dict[str, str], now: float) -> int:
+        """Lines out and none finished for ``lost_check_s``: send again those lost with a
+        worker that died taking them (each check restarts the clock)."""
+        done = int(h.get("fed_done", 0))
+        last_done, since = self._progress.get(batch_id, (-1, now))
+        if done != last_done or _outstanding(h) <= 0:
+            self._progress[batch_id] = (done, now)
+            return 0
+        if now - since < self.lost_check_s:
+            return 0
+        self._progress[batch_id] = (done, now)
+        return self.lost_lines.resend(batch_id, int(h.get("fed", 0)))
 
     def feed(self, batch_id: str, h: dict[str, str], n: int) -> int:
         """Decide and enqueue the next ``n`` staged lines of a batch, in order."""

@@ -209,12 +209,16 @@ def test_a_killed_worker_and_a_restarted_broker_lose_nothing_and_double_nothing(
             wait_for(lambda: client.batches.retrieve(batch.id).done >= 60, 300, "60 lines done")
             before_restart = client.batches.retrieve(batch.id).done
             broker.server.stop()  # SIGTERM: the append-only file is flushed
-            # A worker whose prefetch is full has no read outstanding and would not notice a
-            # short outage (it keeps its messages and acks them later: nothing lost either).
-            # Stay down until it sees the loss, so the reconnect path below is what runs.
-            wait_for(
-                lambda: "Connection to broker lost" in second.log_path.read_text(), 60, "the worker to see the outage"
-            )
+            # Stay down until the worker sees the loss (mostly at once), or 20 s. A worker whose
+            # prefetch is full reads nothing (kombu leaves the dead socket's event alone while
+            # it cannot take more) and its running jobs wait for Redis (workers.outage); it
+            # sees the loss when the first of them acks after the broker is back. Either way
+            # the reconnect path below runs.
+            lost = lambda: "Connection to broker lost" in second.log_path.read_text()  # noqa: E731
+            try:
+                wait_for(lost, 20, "the worker to see the outage")
+            except TimeoutError:
+                pass  # the full-prefetch case
             broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
             # (without the reconnect step the dropped messages would wait for the 2 h visibility timeout)
             final = wait_for(lambda: (b := client.batches.retrieve(batch.id)).is_final and b, 600, "batch done")
@@ -305,3 +309,47 @@ def test_a_100k_line_file_is_validated_and_enqueued_with_bounded_memory(redis_ur
         print(f"100k lines, {size_mb:.0f} MB: submit peak RSS {rss:.0f} MB, feeder {feed_rss:.0f} MB")
     finally:
         r.flushdb()
+
+
+def test_a_line_whose_message_a_dying_worker_took_is_sent_again(redis_url, tmp_path, monkeypatch, caplog):
+    """A worker killed between the broker's pop (BRPOP) and its record of the message takes
+    the message with it. Here the test is that worker: it pops one fed line's message and
+    drops it. The feeder sees the batch stall and sends that line again; the batch
+    completes with every line answered once."""
+    import logging
+    import os
+    import signal
+
+    from conftest import own_database
+    from dispatcher.batch.feeder import BatchFeeder
+    from dispatcher.celery_app import priority_queue_names
+
+    monkeypatch.setenv("IB_BATCH_LOST_LINE_CHECK_S", "2")
+    caplog.set_level(logging.WARNING, logger="dispatcher.batch.lost_lines")
+    with own_database(redis_url, 15) as url:
+        worker = start_worker(url, "llamacpp", extra_args=["--threads=2"], env={"IB_BATCH_FEEDER_IN_WORKERS": "false"})
+        feeder = None
+        try:
+            with Client(url) as client:
+                os.kill(worker.proc.pid, signal.SIGSTOP)  # live for the fleet view a while yet, taking nothing
+                batch = client.batches.create(write_file(tmp_path / "r.jsonl", 6, max_tokens=8), model=MODEL)
+                feeder = BatchFeeder(client, "test-feeder")
+                feeder.run(once=True)
+                assert int(client.batches.store.get(batch.id)["fed"]) == 6
+                lists = priority_queue_names("ib.llamacpp", client.priorities.steps())
+                taken = next(m for q in lists if (m := client.redis.rpop(q)) is not None)
+                lost_id = json.loads(taken)["headers"]["id"]
+                os.kill(worker.proc.pid, signal.SIGCONT)
+                feeder.start()
+                final = wait_for(lambda: (b := client.batches.retrieve(batch.id)).is_final and b, 120, "batch done")
+                assert final.status == "completed"
+                assert (final.request_counts.completed, final.request_counts.failed) == (6, 0)
+                records = list(client.batches.results(batch.id))
+                assert [line_of(r) for r in records] == list(range(1, 7))
+                assert int(client.record(lost_id)["attempts"]) == 1
+                assert "1 line(s) lost with a worker that died taking them" in caplog.text
+        finally:
+            if feeder is not None:
+                feeder.stop()
+            os.kill(worker.proc.pid, signal.SIGCONT)
+            worker.stop()

@@ -1,0 +1,115 @@
+"""Batch lines whose message was lost between the broker's pop and the worker's record.
+
+On the Redis broker a worker takes a message with BRPOP, which removes it from the queue,
+and records it (kombu's unacked set, the fleet's in-flight hash) in its next round trip.
+A worker killed between the two (SIGKILL, OOM) takes the message with it: it is in no
+queue, no unacked set and no in-flight record, so neither the reaper nor the visibility
+timeout can give it back, and its job record stays ``queued`` for ever. A batch would
+never finish. The batch still holds every line's request (its staged input), so the
+feeder can send such a line again: when a batch has had no line finish for
+``batch.lost_line_check_s``, its fed lines with no record whose job never started are
+looked for in their queues and in the unacked set, and those found nowhere are decided
+and sent again. A line sent again that was in fact still on its way to a live worker is
+answered once all the same (the job record lets one delivery run it).
+
+RabbitMQ keeps a dead consumer's unacked messages itself: nothing to do there.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from dispatcher.batch.records import line_job_id
+from dispatcher.celery_app import priority_queue_names
+from dispatcher.connection import is_redis_broker
+from dispatcher.jobs import GenerationJob
+from dispatcher.routing.decision import Sent
+from dispatcher.store import keys
+
+if TYPE_CHECKING:
+    from dispatcher.client import Client
+
+log = logging.getLogger(__name__)
+
+# KEYS: the lists to look in, then the unacked hash. ARGV: the jobs' ids, quoted as they
+# appear in a message's headers (so "b-2" does not match "b-20"). Returns those in none.
+_MISSING = """
+local found = {}
+local function look(message)
+  for i = 1, #ARGV do
+    if not found[i] and string.find(message, ARGV[i], 1, true) then found[i] = true end
+  end
+end
+for k = 1, #KEYS - 1 do
+  for _, m in ipairs(redis.call('LRANGE', KEYS[k], 0, -1)) do look(m) end
+end
+for _, m in ipairs(redis.call('HVALS', KEYS[#KEYS])) do look(m) end
+local missing = {}
+for i = 1, #ARGV do if not found[i] then missing[#missing + 1] = ARGV[i] end end
+return missing
+"""
+
+
+def shared_queue(queue: str) -> str:
+    """A worker's own queue (``ib.<backend>.<worker>``) falls back to its backend's shared
+    one (the reaper moves a dead worker's queue there); a shared queue is itself."""
+    parts = queue.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else queue
+
+
+class LostLines:
+    def __init__(self, client: Client, chunk: int = 1000) -> None:
+        self.client = client
+        self.r = client.redis
+        self.chunk = chunk
+        self._missing = self.r.register_script(_MISSING)
+
+    def resend(self, batch_id: str, fed: int) -> int:
+        """Send again the fed lines of a batch whose message is lost; returns how many."""
+        if not is_redis_broker(self.client.app.conf.broker_url):
+            return 0
+        lost: list[tuple[int, str]] = []
+        for start in range(0, fed, self.chunk):
+            lost += self._lost_among(
+                batch_id, self.client.batches.store.staged(batch_id, start, min(fed, start + self.chunk))
+            )
+        if not lost:
+            return 0
+        fleet, sent = self.client.workers(), Sent()
+        pairs = []
+        for _, job_json in lost:
+            job = GenerationJob.model_validate_json(job_json)
+            pairs.append((job, self.client.decide(job, fleet, sent)))
+        self.client.resend(pairs)
+        log.warning("batch %s: %d line(s) lost with a worker that died taking them: sent again", batch_id, len(pairs))
+        return len(pairs)
+
+    def _lost_among(self, batch_id: str, staged: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """Of these staged lines (line, job JSON): those with no record whose job never
+        started and whose message is in no queue and no unacked set."""
+        lines = [line for line, _ in staged]
+        recorded = self.r.hmget(keys.batch_out(batch_id), [str(n) for n in lines])
+        open_ids = [line_job_id(batch_id, n) for n, rec in zip(lines, recorded) if rec is None]
+        if not open_ids:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in open_ids:
+            pipe.hmget(keys.job(job_id), "status", "queue")
+        waiting = {
+            job_id: q.decode() for job_id, (status, q) in zip(open_ids, pipe.execute()) if status == b"queued" and q
+        }
+        if not waiting:
+            return []
+        steps = self.client.priorities.steps()
+        queues = {
+            name
+            for q in waiting.values()
+            for base in (q, shared_queue(q))
+            for name in priority_queue_names(base, steps)
+        }
+        with self.client.app.connection_for_write() as conn:
+            unacked = conn.default_channel.unacked_key
+        missing = self._missing(keys=[*sorted(queues), unacked], args=[f'"{job_id}"' for job_id in waiting])
+        gone = {m.decode().strip('"') for m in missing}
+        return [(line, job_json) for line, job_json in staged if line_job_id(batch_id, line) in gone]
