@@ -157,6 +157,8 @@ class BatchFeeder:
                     room -= fed
                     work += fed
                 work += self.check_stalled(batch_id, h, now)
+        active = set(ids)
+        self._progress = {b: p for b, p in self._progress.items() if b in active}  # ended batches go
         return work
 
     def check_stalled(self, batch_id: str, h: dict[str, str], now: float) -> int:
