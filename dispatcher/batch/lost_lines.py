@@ -18,6 +18,7 @@ RabbitMQ keeps a dead consumer's unacked messages itself: nothing to do there.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from dispatcher.batch.records import line_job_id
@@ -80,6 +81,7 @@ class LostLines:
         pairs = []
         for _, job_json in lost:
             job = GenerationJob.model_validate_json(job_json)
+            job.submitted_at = time.time()  # as the feed does: queue wait counts from this send
             pairs.append((job, self.client.decide(job, fleet, sent)))
         self.client.resend(pairs)
         log.warning("batch %s: %d line(s) lost with a worker that died taking them: sent again", batch_id, len(pairs))
