@@ -172,7 +172,14 @@ class BatchFeeder:
         if now - since < self.lost_check_s:
             return 0
         self._progress[batch_id] = (done, now)
-        return self.lost_lines.resend(batch_id, int(h.get("fed", 0)))
+        lost = self.lost_lines.find(batch_id, int(h.get("fed", 0)))
+        if not lost:
+            return 0
+        ready, refused = self._decide(lost)
+        self.client.resend(ready)
+        self._record_refused(batch_id, refused)
+        log.warning("batch %s: %d line(s) lost with a worker that died taking them: sent again", batch_id, len(ready))
+        return len(ready) + len(refused)
 
     def feed(self, batch_id: str, h: dict[str, str], n: int) -> int:
         """Decide and enqueue the next ``n`` staged lines of a batch, in order."""
@@ -181,6 +188,25 @@ class BatchFeeder:
         lines = self.store.staged(batch_id, fed, min(staged, fed + n))
         if not lines:
             return 0
+        ready, refused = self._decide(lines)
+        taken = len(ready) + len(refused)
+        if not taken:
+            return 0
+        self.client.enqueue(ready, resume=True)
+        self._record_refused(batch_id, refused)
+        backends: dict[str, int] = {}
+        for _, sel in ready:
+            backends[sel.backend] = backends.get(sel.backend, 0) + 1
+        self.store.advance(
+            batch_id, fed + taken, backends, feed_s=time.perf_counter() - t0, feed_cpu_s=time.thread_time() - cpu0
+        )
+        return taken
+
+    def _decide(
+        self, lines: list[tuple[int, str]]
+    ) -> tuple[list[tuple[GenerationJob, Selection]], list[tuple[GenerationJob, JobError]]]:
+        """Staged lines' jobs decided on the live fleet, in order: (ready, refused). Stops at
+        a line no live worker can take (a policy reject: the rest wait, keeping the order)."""
         fleet = self.client.workers()
         now = time.time()
         ready: list[tuple[GenerationJob, Selection]] = []
@@ -192,23 +218,16 @@ class BatchFeeder:
             try:
                 ready.append((job, self.client.decide(job, fleet, sent)))
             except NoLiveWorkerError:
-                break  # policy reject: wait for a worker, keeping the order
+                break
             except JobError as exc:
                 refused.append((job, exc))
-        taken = len(ready) + len(refused)
-        if not taken:
-            return 0
-        self.client.enqueue(ready, resume=True)
+        return ready, refused
+
+    def _record_refused(self, batch_id: str, refused: list[tuple[GenerationJob, JobError]]) -> None:
+        """Fed lines the decision refused: each one's error record (it counts as fed)."""
         for job, exc in refused:
             record = job_error_record(job.custom_id or "", job.id, exc)
             self.store.record_line(batch_id, job.batch_line or 0, record, "failed", fed=True)
-        backends: dict[str, int] = {}
-        for _, sel in ready:
-            backends[sel.backend] = backends.get(sel.backend, 0) + 1
-        self.store.advance(
-            batch_id, fed + taken, backends, feed_s=time.perf_counter() - t0, feed_cpu_s=time.thread_time() - cpu0
-        )
-        return taken
 
     def finish_cancel(self, batch_id: str, h: dict[str, str], now: float) -> int:
         if "drained_at" not in h:

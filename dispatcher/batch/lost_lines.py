@@ -8,30 +8,25 @@ timeout can give it back, and its job record stays ``queued`` for ever. A batch 
 never finish. The batch still holds every line's request (its staged input), so the
 feeder can send such a line again: when a batch has had no line finish for
 ``batch.lost_line_check_s``, its fed lines with no record whose job never started are
-looked for in their queues and in the unacked set, and those found nowhere are decided
-and sent again. A line sent again that was in fact still on its way to a live worker is
-answered once all the same (the job record lets one delivery run it).
+looked for in their queues and in the unacked set, and the feeder decides and sends
+again those found nowhere (dispatcher.batch.feeder). A line sent again that was in fact
+still on its way to a live worker is answered once all the same (the job record lets one
+delivery run it).
 
 RabbitMQ keeps a dead consumer's unacked messages itself: nothing to do there.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import TYPE_CHECKING
 
 from dispatcher.batch.records import line_job_id
 from dispatcher.celery_app import priority_queue_names
 from dispatcher.connection import is_redis_broker
-from dispatcher.jobs import GenerationJob
-from dispatcher.routing.decision import Sent
 from dispatcher.store import keys
 
 if TYPE_CHECKING:
     from dispatcher.client import Client
-
-log = logging.getLogger(__name__)
 
 # KEYS: the lists to look in, then the unacked hash. ARGV: the jobs' ids, quoted as they
 # appear in a message's headers (so "b-2" does not match "b-20"). Returns those in none.
@@ -53,10 +48,10 @@ return missing
 
 
 def shared_queue(queue: str) -> str:
-    """A worker's own queue (``ib.<backend>.<worker>``) falls back to its backend's shared
-    one (the reaper moves a dead worker's queue there); a shared queue is itself."""
-    parts = queue.split(".")
-    return ".".join(parts[:2]) if len(parts) > 2 else queue
+    """The shared queue that a worker's own queue (``celery_app.own_queue_of``: the shared
+    name, a dot, the worker id) falls back to; the reaper moves a dead worker's own queue
+    there. For a shared queue this names no queue (an empty list to look in)."""
+    return queue.rsplit(".", 1)[0]
 
 
 class LostLines:
@@ -66,28 +61,19 @@ class LostLines:
         self.chunk = chunk
         self._missing = self.r.register_script(_MISSING)
 
-    def resend(self, batch_id: str, fed: int) -> int:
-        """Send again the fed lines of a batch whose message is lost; returns how many."""
+    def find(self, batch_id: str, fed: int) -> list[tuple[int, str]]:
+        """The fed lines (line, job JSON) of a batch whose message is lost."""
         if not is_redis_broker(self.client.app.conf.broker_url):
-            return 0
+            return []
+        with self.client.app.connection_for_write() as conn:
+            unacked = conn.default_channel.unacked_key
         lost: list[tuple[int, str]] = []
         for start in range(0, fed, self.chunk):
-            lost += self._lost_among(
-                batch_id, self.client.batches.store.staged(batch_id, start, min(fed, start + self.chunk))
-            )
-        if not lost:
-            return 0
-        fleet, sent = self.client.workers(), Sent()
-        pairs = []
-        for _, job_json in lost:
-            job = GenerationJob.model_validate_json(job_json)
-            job.submitted_at = time.time()  # as the feed does: queue wait counts from this send
-            pairs.append((job, self.client.decide(job, fleet, sent)))
-        self.client.resend(pairs)
-        log.warning("batch %s: %d line(s) lost with a worker that died taking them: sent again", batch_id, len(pairs))
-        return len(pairs)
+            staged = self.client.batches.store.staged(batch_id, start, min(fed, start + self.chunk))
+            lost += self._lost_among(batch_id, staged, unacked)
+        return lost
 
-    def _lost_among(self, batch_id: str, staged: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    def _lost_among(self, batch_id: str, staged: list[tuple[int, str]], unacked: str) -> list[tuple[int, str]]:
         """Of these staged lines (line, job JSON): those with no record whose job never
         started and whose message is in no queue and no unacked set."""
         lines = [line for line, _ in staged]
@@ -110,8 +96,6 @@ class LostLines:
             for base in (q, shared_queue(q))
             for name in priority_queue_names(base, steps)
         }
-        with self.client.app.connection_for_write() as conn:
-            unacked = conn.default_channel.unacked_key
         missing = self._missing(keys=[*sorted(queues), unacked], args=[f'"{job_id}"' for job_id in waiting])
         gone = {m.decode().strip('"') for m in missing}
         return [(line, job_json) for line, job_json in staged if line_job_id(batch_id, line) in gone]

@@ -325,7 +325,7 @@ def test_a_line_whose_message_a_dying_worker_took_is_sent_again(redis_url, tmp_p
     from dispatcher.celery_app import priority_queue_names
 
     monkeypatch.setenv("IB_BATCH_LOST_LINE_CHECK_S", "2")
-    caplog.set_level(logging.WARNING, logger="dispatcher.batch.lost_lines")
+    caplog.set_level(logging.WARNING, logger="dispatcher.batch.feeder")
     with own_database(redis_url, 15) as url:
         worker = start_worker(url, "llamacpp", extra_args=["--threads=2"], env={"IB_BATCH_FEEDER_IN_WORKERS": "false"})
         feeder = None
