@@ -49,6 +49,9 @@ class Scheduler:
         self.memory = llama_cpp.llama_get_memory(ctx)
         self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self.lookup = PromptLookup(ctx, self.memory, draft_tokens)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llama_cpp.llama_get_model(ctx)))
+        self._out_rows: dict[int, int] = {}  # this step's batch index → its row in the logits
+        self._argmax: np.ndarray | None = None  # this step's greedy picks, one per logits row
         self.eos = set(engine.eos_ids)
         self.prompt_tokens_evaluated = 0  # what prefix reuse saves
         self.steps = 0
@@ -164,12 +167,30 @@ class Scheduler:
         b, i = self.batch, self.batch.n_tokens
         b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = token, pos, 1, seq_id, logits
         b.n_tokens = i + 1
+        if logits:
+            self._out_rows[i] = len(self._out_rows)
         return i
+
+    def _pick(self, s: Sequence, idx: int) -> int:
+        """The token a sequence picks from the logits at batch index ``idx``. Greedy picks
+        come from one numpy argmax over all the step's logits rows: llama.cpp's greedy
+        sampler copies the whole vocabulary into a candidate array on every call (~0.09 ms
+        a token here, 8 calls in a step of 8 sequences). Ties go to the lowest token id,
+        as in llama.cpp's greedy sampler."""
+        if not s.request.sampling.greedy:
+            return llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx)
+        if self._argmax is None:
+            rows = (len(self._out_rows), self.n_vocab)  # llama.cpp keeps them in batch order
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.ctx), shape=rows)
+            self._argmax = logits.argmax(axis=1)
+        return int(self._argmax[self._out_rows[idx]])
 
     def _step(self) -> None:
         """One llama_decode over every running sequence: decoders add their last token,
         prefillers a chunk of their prompt; then each sequence with logits samples."""
         self.batch.n_tokens = 0
+        self._out_rows.clear()
+        self._argmax = None
         outputs: list[tuple[Sequence, int]] = []
         drafts: dict[int, tuple[int, list[int], list[int]]] = {}  # id(seq) → its n_past, drafts, their logit rows
         for s in self._running:
@@ -217,9 +238,9 @@ class Scheduler:
         for s, idx in outputs:
             if s.request.speculative is not None and not s.prefilling:
                 s.request.target_passes += 1
-            tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx)
+            tok = self._pick(s, idx)
             if not take(s, tok, save_prefix=s.save_prefix and len(s.request.tokens) == 0) and id(s) in drafts:
-                self.lookup.verify(s, tok, *drafts[id(s)], take)
+                self.lookup.verify(s, tok, *drafts[id(s)], take, self._pick)
         running = list(self._running)
         cancelled = self.engine.cancelled([s.request.job_id for s in running])
         for s in running:

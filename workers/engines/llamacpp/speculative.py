@@ -41,9 +41,11 @@ class PromptLookup:
         draft: list[int],
         rows: list[int],
         take: Callable[[Sequence, int], bool],
+        pick: Callable[[Sequence, int], int],
     ) -> None:
         """``first``: the target's pick after the sequence's last token; ``rows``: the batch
-        rows of the drafts; ``take`` records a token and says whether the job ended."""
+        rows of the drafts; ``take`` records a token and says whether the job ended;
+        ``pick`` is the target's pick from a batch row's logits."""
         s.request.drafted_tokens = (s.request.drafted_tokens or 0) + len(draft)
         self.drafted_tokens += len(draft)
         accepted, tok = 0, first
@@ -52,7 +54,7 @@ class PromptLookup:
                 break
             accepted += 1
             self.accepted_tokens += 1
-            tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, row)  # the pick after the accepted draft
+            tok = pick(s, row)  # the pick after the accepted draft
             if take(s, tok):
                 return
         # Cells n_past .. n_past + accepted hold the last token and the accepted drafts.
