@@ -80,8 +80,8 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
             verbose=False,
         )
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
-        n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.eos_ids = [t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)]
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.eos_ids = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)]
         self.chat = self._chat_formatter()
         self._pieces: dict[int, bytes] = {}
 
@@ -104,6 +104,7 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
             self.ctx,
             n_ctx=self.n_ctx,
             n_batch=n_batch,
+            n_vocab=self.n_vocab,
             max_seqs=self.max_seqs,
             prefill_chunk=self.prefill_chunk,
             prefix_cache=self.prefix_cache,

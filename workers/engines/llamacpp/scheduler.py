@@ -38,6 +38,7 @@ class Scheduler:
         ctx: Any,
         n_ctx: int,
         n_batch: int,
+        n_vocab: int,
         max_seqs: int,
         prefill_chunk: int,
         prefix_cache: PrefixStateCache,
@@ -49,7 +50,7 @@ class Scheduler:
         self.memory = llama_cpp.llama_get_memory(ctx)
         self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self.lookup = PromptLookup(ctx, self.memory, draft_tokens)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llama_cpp.llama_get_model(ctx)))
+        self.n_vocab = n_vocab
         self._out_rows: dict[int, int] = {}  # this step's batch index → its row in the logits
         self._argmax: np.ndarray | None = None  # this step's greedy picks, one per logits row
         self.eos = set(engine.eos_ids)
@@ -156,7 +157,8 @@ class Scheduler:
 
     def _release(self, s: Sequence) -> None:
         llama_cpp.llama_memory_seq_rm(self.memory, s.seq_id, -1, -1)
-        llama_cpp.llama_sampler_free(s.sampler)
+        if s.sampler is not None:
+            llama_cpp.llama_sampler_free(s.sampler)
         self._running.remove(s)
         self._free.append(s.seq_id)
         self._reserved -= reservation(s.request)
@@ -177,7 +179,7 @@ class Scheduler:
         sampler copies the whole vocabulary into a candidate array on every call (~0.09 ms
         a token here, 8 calls in a step of 8 sequences). Ties go to the lowest token id,
         as in llama.cpp's greedy sampler."""
-        if not s.request.sampling.greedy:
+        if s.sampler is not None:  # a sampling job (make_sampler gives greedy ones none)
             return llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx)
         if self._argmax is None:
             rows = (len(self._out_rows), self.n_vocab)  # llama.cpp keeps them in batch order

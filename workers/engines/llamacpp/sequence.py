@@ -15,7 +15,7 @@ from workers.engines.request import EngineRequest
 class Sequence:
     seq_id: int
     request: EngineRequest
-    sampler: Any  # llama_sampler_p
+    sampler: Any  # llama_sampler_p; None for a greedy job (the scheduler's argmax picks its tokens)
     pending: list[int]  # prompt tokens still to evaluate
     n_past: int  # tokens of this sequence in the KV cache
     save_prefix: bool  # store the prompt's state once it is evaluated
@@ -26,12 +26,12 @@ class Sequence:
 
 
 def make_sampler(s: SamplingParams) -> Any:
-    """A llama.cpp sampler chain for one job: greedy, or temperature -> top-p -> draw
-    (the order transformers applies them), seeded when the job gives a seed."""
-    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    """A llama.cpp sampler chain for a sampling job: temperature -> top-p -> draw (the
+    order transformers applies them), seeded when the job gives a seed. None for a greedy
+    job: the scheduler takes its picks from one argmax over the step (Scheduler._pick)."""
     if s.greedy:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-        return chain
+        return None
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(s.temperature))
     if s.top_p < 1.0:
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(s.top_p, 1))
