@@ -175,10 +175,19 @@ class BatchFeeder:
         lost = self.lost_lines.find(batch_id, int(h.get("fed", 0)))
         if not lost:
             return 0
-        ready, refused = self._decide(lost)
+        ready, refused = self._decide(lost, keep_order=False)
         self.client.resend(ready)
         self._record_refused(batch_id, refused)
-        log.warning("batch %s: %d line(s) lost with a worker that died taking them: sent again", batch_id, len(ready))
+        log.warning(
+            "batch %s: %d line(s) lost with a worker that died taking them: %d sent again, %d refused, "
+            "%d wait for a live worker (next check in %g s)",
+            batch_id,
+            len(lost),
+            len(ready),
+            len(refused),
+            len(lost) - len(ready) - len(refused),
+            self.lost_check_s,
+        )
         return len(ready) + len(refused)
 
     def feed(self, batch_id: str, h: dict[str, str], n: int) -> int:
@@ -203,10 +212,12 @@ class BatchFeeder:
         return taken
 
     def _decide(
-        self, lines: list[tuple[int, str]]
+        self, lines: list[tuple[int, str]], keep_order: bool = True
     ) -> tuple[list[tuple[GenerationJob, Selection]], list[tuple[GenerationJob, JobError]]]:
-        """Staged lines' jobs decided on the live fleet, in order: (ready, refused). Stops at
-        a line no live worker can take (a policy reject: the rest wait, keeping the order)."""
+        """Staged lines' jobs decided on the live fleet, in order: (ready, refused). A line no
+        live worker can take stops a feed there (the rest wait, keeping the order, and the
+        cursor stays on it); lines sent again (``keep_order=False``) were fed long ago, so
+        one that must wait does not hold back the others behind it."""
         fleet = self.client.workers()
         now = time.time()
         ready: list[tuple[GenerationJob, Selection]] = []
@@ -218,7 +229,8 @@ class BatchFeeder:
             try:
                 ready.append((job, self.client.decide(job, fleet, sent)))
             except NoLiveWorkerError:
-                break
+                if keep_order:
+                    break
             except JobError as exc:
                 refused.append((job, exc))
         return ready, refused

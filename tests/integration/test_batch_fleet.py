@@ -347,7 +347,7 @@ def test_a_line_whose_message_a_dying_worker_took_is_sent_again(redis_url, tmp_p
                 records = list(client.batches.results(batch.id))
                 assert [line_of(r) for r in records] == list(range(1, 7))
                 assert int(client.record(lost_id)["attempts"]) == 1
-                assert "1 line(s) lost with a worker that died taking them" in caplog.text
+                assert "1 line(s) lost with a worker that died taking them: 1 sent again, 0 refused" in caplog.text
         finally:
             if feeder is not None:
                 feeder.stop()
