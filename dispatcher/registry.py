@@ -114,7 +114,7 @@ class ModelSpec(BaseModel):
             if (path / ".complete").exists():
                 return path / DERIVED_GGUF if fmt == "gguf" else path
             raise FileNotFoundError(
-                f"{self.name}: format {fmt} is not prepared yet: run `ib models prepare {self.name}`"
+                f"{self.name}: format {fmt} is not prepared yet: run `ib models prepare {self.name} --format {fmt}`"
             )
         raise FileNotFoundError(f"{self.name} has no {fmt} artifact (formats: {', '.join(self.formats())})")
 

@@ -49,8 +49,11 @@ def test_unknown_model_lists_the_known_ones():
 def test_unprepared_derived_format_says_how_to_prepare(tmp_path, monkeypatch):
     monkeypatch.setenv("IB_DATA_DIR", str(tmp_path))
     spec = ModelRegistry.from_config().get("smollm2-135m")
-    with pytest.raises(FileNotFoundError, match="ib models prepare smollm2-135m"):
+    with pytest.raises(FileNotFoundError, match="ib models prepare smollm2-135m --format hf"):
         spec.artifact_path("hf")
+    # onnx is not among the formats a bare `ib models prepare` makes, so the hint names it
+    with pytest.raises(FileNotFoundError, match="ib models prepare smollm2-135m --format onnx"):
+        spec.artifact_path("onnx")
 
 
 def test_missing_package_says_how_to_install():
