@@ -70,7 +70,9 @@ from bench.gateway import (
 )
 from bench.report import save
 from dispatcher.client import Client
+from dispatcher.registry import ModelRegistry
 from ops.localfleet import WorkerProcess
+from workers.models.prepare import prepare
 
 console = Console()
 FLEET, PEER = "fleet llama.cpp worker", "llama-server"
@@ -141,6 +143,9 @@ def fleet_batch(client: Client, texts: list[str], max_tokens: int, first_pass: l
 
 def vs_inprocess(args: argparse.Namespace) -> int:
     backend = args.backend
+    # Both sides load the same files: the fp32 ONNX export, or the HF folder for vLLM
+    # (made once from the GGUF; a no-op when present).
+    prepare(ModelRegistry.from_config().get(inprocess.MODEL), "onnx" if backend == "onnx" else "hf")
     setup: PeerSetup = peer_setup(server=False)
     texts = prompts(args.prompts)
     # Each side's first full pass after its engine starts, on prompts of their own (only
