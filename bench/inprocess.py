@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,10 +28,12 @@ from typing import Any
 import numpy as np
 from transformers import AutoTokenizer
 
+from bench.cpu_time import metered
 from dispatcher.registry import ModelRegistry, load_backends
 from workers.engines.onnx_process import load_model, special_ids
 
 MODEL = "smollm2-135m"
+IN_PROCESS_ROLE = "bench process (in-process engine front end)"
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
@@ -45,13 +48,27 @@ def result(tokens: int, wall_s: float, **extra: Any) -> dict:
     return {"tokens": tokens, "wall_s": wall_s, "tok_s": tokens / wall_s, **extra}
 
 
-def passes(timed: Callable[[list[str]], dict], texts: list[str], first_pass: list[str] | None) -> dict:
+def passes(
+    timed: Callable[[list[str]], dict],
+    texts: list[str],
+    first_pass: list[str] | None,
+    roots: dict[int, str] | None = None,
+) -> dict:
     """``timed(texts)``'s result; with ``first_pass``, a whole pass over those prompts runs
     and is timed first, and its result rides along as ``first_pass``: an engine's first
     full batch after it starts runs slower than the next ones (vLLM on CPU: ~8 %), so
-    the second pass is the steady rate and the first says what a cold start costs."""
-    first = timed(first_pass) if first_pass else None
-    out = timed(texts)
+    the second pass is the steady rate and the first says what a cold start costs.
+    Each pass carries ``cpu``: the CPU seconds of the processes under ``roots`` (pid →
+    role; default: this process and its children), Redis and the machine (bench.cpu_time)."""
+    roots = roots or {os.getpid(): IN_PROCESS_ROLE}
+
+    def metered_pass(batch: list[str]) -> dict:
+        with metered(roots) as cpu:
+            out = timed(batch)
+        return out | {"cpu": cpu}
+
+    first = metered_pass(first_pass) if first_pass else None
+    out = metered_pass(texts)
     return out | {"first_pass": first} if first else out
 
 
@@ -126,9 +143,11 @@ def vllm_async(texts: list[str], max_tokens: int, threads: int, first_pass: list
 
             async def timed(batch: list[str]) -> dict:
                 prompts = [chat_ids(tokenizer, t) for t in batch]  # tokenized before the clock starts
-                t0 = time.perf_counter()
-                counts = await asyncio.gather(*(count(p) for p in prompts))
-                return result(sum(counts), time.perf_counter() - t0, max_num_seqs=engine.max_num_seqs)
+                with metered({os.getpid(): IN_PROCESS_ROLE}) as cpu:
+                    t0 = time.perf_counter()
+                    counts = await asyncio.gather(*(count(p) for p in prompts))
+                    wall = time.perf_counter() - t0
+                return result(sum(counts), wall, max_num_seqs=engine.max_num_seqs, cpu=cpu)
 
             await count(chat_ids(tokenizer, texts[0]))  # warm: the first request compiles and allocates
             first = await timed(first_pass) if first_pass else None

@@ -18,6 +18,11 @@ times two passes on its freshly started engine: a first pass over prompts of its
 (the first full batch after a start runs slower: vLLM on CPU ~8 % in-process, more in
 the fleet, whose jobs arrive over ~0.4 s), then the steady pass over the prompts; both
 ratios are printed, the steady one first (``--no-first-pass``: one pass, as before).
+Each pass also records where the CPU went (bench.cpu_time: CPU seconds per process of
+each side, Redis, the machine's busy / steal / idle), and each round's steady ratio is
+split into the engine's cores (fleet / in-process: what the fleet's own processes and
+arrivals take from the engine) times its tokens per CPU second (the machine's speed of
+the moment, which moves by ±10 % between passes on these VMs).
 
 ``--backend llamacpp`` (the default):
 Both sides serve the same GGUF (SmolLM2-135M-Instruct, the package's quantization) with
@@ -47,6 +52,7 @@ bench/results/.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -54,7 +60,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from bench import inprocess
+from bench import cpu_time, inprocess
 from bench.fleet_overhead import prompts
 from bench.gateway import (
     Arm,
@@ -120,9 +126,12 @@ def batches_formed(first_tokens: list[float], within_s: float = 0.005) -> list[i
     return sizes
 
 
-def fleet_batch(client: Client, texts: list[str], max_tokens: int, first_pass: list[str] | None = None) -> dict:
+def fleet_batch(
+    client: Client, texts: list[str], max_tokens: int, worker_pid: int, first_pass: list[str] | None = None
+) -> dict:
     """Every prompt at once, as a batch user sends them; tok/s to the last result. With
-    ``first_pass``, a timed pass over those prompts first (inprocess.passes)."""
+    ``first_pass``, a timed pass over those prompts first (inprocess.passes). CPU time is
+    metered for this process (the client) and the worker's process tree."""
 
     def jobs(batch: list[str], tokens: int) -> list[dict]:
         return [
@@ -138,7 +147,30 @@ def fleet_batch(client: Client, texts: list[str], max_tokens: int, first_pass: l
         return inprocess.result(sum(r.usage.completion_tokens for r in results), wall, batches=batches_formed(firsts))
 
     client.submit(jobs(texts[:1], 4)[0]).result(timeout=600)  # warm
-    return inprocess.passes(timed, texts, first_pass)
+    roots = {os.getpid(): "bench process (client)", worker_pid: "worker process (Celery + engine front end)"}
+    return inprocess.passes(timed, texts, first_pass, roots)
+
+
+def engine_split_table(rounds: list[dict[str, dict]], fleet_name: str, peer_name: str) -> Table:
+    """Each round's steady ratio split in two (bench.cpu_time.engine_split): the engine's
+    cores, fleet / in-process (what the fleet's own processes and its job arrivals cost
+    the engine), times its tokens per CPU second, fleet / in-process (the machine's speed
+    of the moment on each side). Adds the split to each side's result for the JSON."""
+    table = Table(title="steady ratio = engine cores ratio x tokens per engine CPU-second ratio")
+    for col in ("round", "engine cores: fleet / in-process", "ratio", "tokens per engine CPU s", "ratio"):
+        table.add_column(col)
+    for r, x in enumerate(rounds):
+        for n in (fleet_name, peer_name):
+            x[n]["engine_split"] = cpu_time.engine_split(x[n]["tokens"], x[n]["wall_s"], x[n]["cpu"])
+        f, p = x[fleet_name]["engine_split"], x[peer_name]["engine_split"]
+        table.add_row(
+            str(r + 1),
+            f"{f['engine_cores']:.3f} / {p['engine_cores']:.3f}",
+            f"{f['engine_cores'] / p['engine_cores']:.3f}",
+            f"{f['tokens_per_engine_cpu_s']:.1f} / {p['tokens_per_engine_cpu_s']:.1f}",
+            f"{f['tokens_per_engine_cpu_s'] / p['tokens_per_engine_cpu_s']:.3f}",
+        )
+    return table
 
 
 def vs_inprocess(args: argparse.Namespace) -> int:
@@ -161,7 +193,7 @@ def vs_inprocess(args: argparse.Namespace) -> int:
             with console.status(f"starting the {backend} worker..."):
                 worker.start().wait_ready(900)
             with console.status(f"round {r + 1}: {fleet_name}, {len(texts)} jobs at once..."):
-                rounds[r][fleet_name] = fleet_batch(setup.client, texts, args.max_tokens, first_pass)
+                rounds[r][fleet_name] = fleet_batch(setup.client, texts, args.max_tokens, worker.pid, first_pass)
         finally:
             worker.stop()
 
@@ -204,6 +236,12 @@ def vs_inprocess(args: argparse.Namespace) -> int:
             "",
         )
     console.print(table)
+    console.print("CPU seconds in each steady pass (bench.cpu_time):")
+    for r, x in enumerate(rounds):
+        for name in (fleet_name, peer_name):
+            console.print(f"  round {r + 1}, {name}: {cpu_time.summary(x[name]['cpu'])}")
+    split = engine_split_table(rounds, fleet_name, peer_name)
+    console.print(split)
     if backend == "onnx":
         console.print(
             "batches the worker formed, per round: " + "; ".join(str(x[fleet_name]["batches"]) for x in rounds)

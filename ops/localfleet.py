@@ -61,6 +61,13 @@ class WorkerProcess:
         self.proc = spawn_logged(self.args, self.log_path, env=self.env, cwd=settings.REPO_ROOT, start_new_session=True)
         return self
 
+    @property
+    def pid(self) -> int:
+        """The worker's process id (its engine's helpers are its children)."""
+        if self.proc is None:
+            raise RuntimeError(f"worker {self.worker_id} is not started")
+        return self.proc.pid
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

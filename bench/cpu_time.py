@@ -1,0 +1,102 @@
+"""Where the CPU goes during a timed pass: CPU seconds per process, and the machine's own.
+
+A side-by-side throughput ratio says that one side is slower, not why. On a 2-core
+machine an engine's OpenMP threads own both cores, so every CPU second anything else
+spends (a worker's Celery threads, Redis, the client) or the hypervisor steals is taken
+from the engine. ``metered`` snapshots, before and after the pass, the CPU time
+(user + system) of each process in the given trees and of the local Redis / Valkey
+server, and the machine's busy, steal and idle time from /proc/stat (psutil), so each
+side's JSON carries the accounting of its own pass. A process that exits during the
+pass is not counted (its time is lost with it); one that starts during it counts from 0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psutil
+
+BROKER_NAMES = ("redis-server", "valkey-server")
+
+
+def _processes(roots: dict[int, str]) -> dict[int, tuple[str, psutil.Process]]:
+    """Every live process of the root trees (labelled: the root by its given role, its
+    descendants by their process name, which vLLM sets to its role, e.g. VLLM::EngineCore)
+    and the broker's server processes."""
+    found: dict[int, tuple[str, psutil.Process]] = {}
+    for pid, role in roots.items():
+        try:
+            root = psutil.Process(pid)
+            found[pid] = (role, root)
+            for child in root.children(recursive=True):
+                found.setdefault(child.pid, (child.name(), child))
+        except psutil.Error:
+            continue
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in BROKER_NAMES:
+            found[proc.pid] = ("redis/valkey server", proc)
+    return found
+
+
+def _cpu_seconds(procs: dict[int, tuple[str, psutil.Process]]) -> dict[int, tuple[str, float]]:
+    out: dict[int, tuple[str, float]] = {}
+    for pid, (label, proc) in procs.items():
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        out[pid] = (label, t.user + t.system)
+    return out
+
+
+def _machine() -> dict[str, float]:
+    t = psutil.cpu_times()
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    return {"busy_s": busy, "steal_s": getattr(t, "steal", 0.0), "idle_s": t.idle + getattr(t, "iowait", 0.0)}
+
+
+@contextmanager
+def metered(roots: dict[int, str]) -> Iterator[dict]:
+    """Yields a dict that, after the block, holds ``processes`` (label → CPU seconds
+    spent during the block, processes of one label summed, largest first) and
+    ``machine`` (busy / steal / idle seconds summed over all cores, and the core count).
+    ``roots``: pid → role, e.g. ``{os.getpid(): "bench process"}``."""
+    out: dict = {}
+    procs = _processes(roots)
+    before, machine_before = _cpu_seconds(procs), _machine()
+    yield out
+    procs.update({pid: p for pid, p in _processes(roots).items() if pid not in procs})
+    after, machine_after = _cpu_seconds(procs), _machine()
+    per_label: dict[str, float] = {}
+    for pid, (label, seconds) in after.items():
+        spent = seconds - before.get(pid, (label, 0.0))[1]
+        per_label[label] = per_label.get(label, 0.0) + spent
+    out["processes"] = {k: round(v, 3) for k, v in sorted(per_label.items(), key=lambda kv: -kv[1])}
+    out["machine"] = {k: round(machine_after[k] - machine_before[k], 3) for k in machine_before} | {
+        "cores": psutil.cpu_count() or os.cpu_count() or 0
+    }
+
+
+def summary(cpu: dict, top: int = 5) -> str:
+    """One line: the largest CPU users of a pass, then the machine's steal and idle."""
+    procs = ", ".join(f"{k} {v:.2f}" for k, v in list(cpu["processes"].items())[:top])
+    m = cpu["machine"]
+    return f"{procs}; machine busy {m['busy_s']:.1f}, steal {m['steal_s']:.2f}, idle {m['idle_s']:.1f} CPU s"
+
+
+def engine_split(tokens: int, wall_s: float, cpu: dict) -> dict[str, float]:
+    """A pass's tok/s as the product of two factors: ``engine_cores``, how many cores its
+    busiest process (the engine's compute process, e.g. VLLM::Worker) held on average,
+    and ``tokens_per_engine_cpu_s``, how many tokens each of its CPU seconds produced.
+    On a saturated machine what a serving layer costs shows up in the first (it takes
+    cores from the engine, or makes it wait); the second moves with the machine's speed
+    of the moment (a noisy neighbour, the clock), the same for either side."""
+    engine_s = max(cpu["processes"].values(), default=0.0)
+    if engine_s <= 0 or wall_s <= 0:
+        return {"engine_cores": 0.0, "tokens_per_engine_cpu_s": 0.0}
+    return {
+        "engine_cores": round(engine_s / wall_s, 3),
+        "tokens_per_engine_cpu_s": round(tokens / engine_s, 2),
+    }

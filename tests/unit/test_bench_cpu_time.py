@@ -1,0 +1,52 @@
+"""bench.cpu_time: the CPU accounting each side-by-side pass carries in its JSON."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from bench.cpu_time import engine_split, metered, summary
+
+SPIN = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\n"
+
+
+def test_the_root_counts_under_its_role_and_a_child_that_exits_inside_the_block_is_not_added() -> None:
+    with metered({os.getpid(): "this test"}) as cpu:
+        burner = subprocess.Popen([sys.executable, "-c", SPIN.format(s=0.4)])
+        burner.wait(timeout=60)  # exits inside the block: its time is lost, as documented
+        end = time.process_time() + 0.3
+        while time.process_time() < end:
+            pass
+    assert cpu["processes"]["this test"] >= 0.25  # the root's own spin
+    assert cpu["processes"]["this test"] < 0.65  # the exited burner's 0.4 s is not added to it
+    assert cpu["machine"]["busy_s"] >= 0.25
+    assert cpu["machine"]["cores"] == (os.cpu_count() or 0)
+    assert "this test" in summary(cpu)
+
+
+def test_a_descendant_alive_through_the_block_is_counted_by_its_process_name() -> None:
+    burner = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(0.3)\n" + SPIN.format(s=0.4) + "time.sleep(30)"]
+    )
+    try:
+        with metered({os.getpid(): "this test"}) as cpu:
+            time.sleep(1.5)
+    finally:
+        burner.kill()
+        burner.wait()
+    name = next(k for k in cpu["processes"] if k != "this test" and "server" not in k)
+    assert cpu["processes"][name] >= 0.3
+
+
+def test_the_split_multiplies_back_to_the_pass_rate_and_takes_the_busiest_process_as_the_engine() -> None:
+    cpu = {"processes": {"VLLM::Worker": 28.0, "worker process": 0.8, "redis/valkey server": 0.1}, "machine": {}}
+    split = engine_split(3024, 15.0, cpu)
+    assert split["engine_cores"] == round(28.0 / 15.0, 3)
+    assert split["tokens_per_engine_cpu_s"] == round(3024 / 28.0, 2)
+    assert abs(split["engine_cores"] * split["tokens_per_engine_cpu_s"] - 3024 / 15.0) < 0.1
+    assert engine_split(10, 1.0, {"processes": {}, "machine": {}}) == {
+        "engine_cores": 0.0,
+        "tokens_per_engine_cpu_s": 0.0,
+    }
