@@ -6,7 +6,10 @@ spends (a worker's Celery threads, Redis, the client) or the hypervisor steals i
 from the engine. ``metered`` snapshots, before and after the pass, the CPU time
 (user + system) of each process in the given trees and of the local Redis / Valkey
 server, and the machine's busy, steal and idle time from /proc/stat (psutil), so each
-side's JSON carries the accounting of its own pass. A process that exits during the
+side's JSON carries the accounting of its own pass. It also counts each process's
+involuntary context switches, summed over its threads: how often something else took a
+core from it (an OpenMP thread taken off its core stalls its partner at the next
+barrier, so these cost the engine more than the CPU seconds of whatever ran instead). A process that exits during the
 pass is not counted (its time is lost with it); one that starts during it counts from 0.
 """
 
@@ -51,6 +54,24 @@ def _cpu_seconds(procs: dict[int, tuple[str, psutil.Process]]) -> dict[int, tupl
     return out
 
 
+def _preemptions(procs: dict[int, tuple[str, psutil.Process]]) -> dict[int, int]:
+    """Involuntary context switches per process, summed over its threads (psutil's
+    num_ctx_switches reads only the main thread's /proc status)."""
+    out: dict[int, int] = {}
+    for pid in procs:
+        total = 0
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("nonvoluntary_ctxt_switches:"):
+                            total += int(line.split()[1])
+        except OSError:  # exited, or a thread exited while read: counted as far as read
+            pass
+        out[pid] = total
+    return out
+
+
 def _machine() -> dict[str, float]:
     t = psutil.cpu_times()
     busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
@@ -61,29 +82,37 @@ def _machine() -> dict[str, float]:
 def metered(roots: dict[int, str]) -> Iterator[dict]:
     """Yields a dict that, after the block, holds ``processes`` (label → CPU seconds
     spent during the block, processes of one label summed, largest first) and
-    ``machine`` (busy / steal / idle seconds summed over all cores, and the core count).
+    ``machine`` (busy / steal / idle seconds summed over all cores, and the core count),
+    and ``preempted`` (label → involuntary context switches during the block).
     ``roots``: pid → role, e.g. ``{os.getpid(): "bench process"}``."""
     out: dict = {}
     procs = _processes(roots)
-    before, machine_before = _cpu_seconds(procs), _machine()
+    before, switches_before, machine_before = _cpu_seconds(procs), _preemptions(procs), _machine()
     yield out
     procs.update({pid: p for pid, p in _processes(roots).items() if pid not in procs})
-    after, machine_after = _cpu_seconds(procs), _machine()
+    after, switches_after, machine_after = _cpu_seconds(procs), _preemptions(procs), _machine()
     per_label: dict[str, float] = {}
+    preempted: dict[str, int] = {}
     for pid, (label, seconds) in after.items():
         spent = seconds - before.get(pid, (label, 0.0))[1]
         per_label[label] = per_label.get(label, 0.0) + spent
+        switched = switches_after.get(pid, 0) - switches_before.get(pid, 0)
+        preempted[label] = preempted.get(label, 0) + max(0, switched)
     out["processes"] = {k: round(v, 3) for k, v in sorted(per_label.items(), key=lambda kv: -kv[1])}
+    out["preempted"] = dict(sorted(preempted.items(), key=lambda kv: -kv[1]))
     out["machine"] = {k: round(machine_after[k] - machine_before[k], 3) for k in machine_before} | {
         "cores": psutil.cpu_count() or os.cpu_count() or 0
     }
 
 
 def summary(cpu: dict, top: int = 5) -> str:
-    """One line: the largest CPU users of a pass, then the machine's steal and idle."""
+    """One line: the largest CPU users of a pass, the machine's steal and idle, then the
+    processes taken off a core most often."""
     procs = ", ".join(f"{k} {v:.2f}" for k, v in list(cpu["processes"].items())[:top])
     m = cpu["machine"]
-    return f"{procs}; machine busy {m['busy_s']:.1f}, steal {m['steal_s']:.2f}, idle {m['idle_s']:.1f} CPU s"
+    line = f"{procs}; machine busy {m['busy_s']:.1f}, steal {m['steal_s']:.2f}, idle {m['idle_s']:.1f} CPU s"
+    preempted = ", ".join(f"{k} {v}" for k, v in list(cpu.get("preempted", {}).items())[:2])
+    return f"{line}; preempted {preempted}" if preempted else line
 
 
 def engine_split(tokens: int, wall_s: float, cpu: dict) -> dict[str, float]:

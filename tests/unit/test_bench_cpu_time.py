@@ -24,6 +24,7 @@ def test_the_root_counts_under_its_role_and_a_child_that_exits_inside_the_block_
     assert cpu["machine"]["busy_s"] >= 0.25
     assert cpu["machine"]["cores"] == (os.cpu_count() or 0)
     assert "this test" in summary(cpu)
+    assert "; preempted " in summary(cpu)
 
 
 def test_a_descendant_alive_through_the_block_is_counted_by_its_process_name() -> None:
@@ -50,3 +51,23 @@ def test_the_split_multiplies_back_to_the_pass_rate_and_takes_the_busiest_proces
         "engine_cores": 0.0,
         "tokens_per_engine_cpu_s": 0.0,
     }
+
+
+def test_processes_sharing_one_core_count_the_times_they_were_taken_off_it() -> None:
+    # Two spinners pinned to one core: the scheduler takes each off it every few ms. A
+    # sleeper beside them is never preempted. A meter that read no thread's counts, or
+    # counted voluntary switches (the sleeper's), fails here.
+    core = sorted(os.sched_getaffinity(0))[0]
+    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\n" + SPIN.format(s=1.5)
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        with metered({os.getpid(): "this test"}) as cpu:
+            time.sleep(1.0)
+    finally:
+        for p in (*spinners, sleeper):
+            p.kill()
+            p.wait()
+    spinner_label = os.path.basename(sys.executable)
+    assert cpu["preempted"].get(spinner_label, 0) >= 20
+    assert cpu["preempted"].get("sleep", 0) <= 2
