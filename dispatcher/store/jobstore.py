@@ -231,8 +231,16 @@ class JobStore:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.job(job_id)).items()}
 
     def request_cancel(self, job_id: str, ttl_s: int | None = None) -> None:
-        """Flag a job, or a whole batch (its id is the scope of its lines' jobs)."""
-        self.r.set(keys.cancel(job_id), "1", ex=ttl_s or self.ttl_s)
+        """Flag a job, or a whole batch (its id is the scope of its lines' jobs), and bump
+        the cancel epoch in the same transaction: workers read the flags when it moves."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(keys.cancel(job_id), "1", ex=ttl_s or self.ttl_s)
+        pipe.incr(keys.CANCEL_EPOCH)
+        pipe.execute()
+
+    def cancel_epoch(self) -> bytes | None:
+        """A value that changes with every cancel (workers.cancel_watch): one GET."""
+        return self.r.get(keys.CANCEL_EPOCH)
 
     def cancelled(self, jobs: dict[str, str | None]) -> set[str]:
         """Which of these jobs (job id → its scope, a batch id or None) have a cancel flag,

@@ -19,6 +19,9 @@ def cancel(job_or_batch_id: str) -> str:
     return f"ib:cancel:{job_or_batch_id}"
 
 
+CANCEL_EPOCH = "ib:cancel-epoch"  # counter bumped by every cancel: workers re-read flags when it moves
+
+
 def done(job_id: str) -> str:
     """A one-token list pushed when the job finishes: what waiting clients BLPOP on."""
     return f"ib:done:{job_id}"

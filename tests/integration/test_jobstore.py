@@ -38,6 +38,38 @@ def test_begin_sees_a_cancel_that_came_while_queued(store):
     assert store.begin(job, "w1") == (1, True, None, None)
 
 
+def test_every_cancel_moves_the_epoch_a_worker_watches_and_sets_the_flag_it_reads(store):
+    from workers.cancel_watch import CancelWatcher
+
+    job, batch, line = (uuid.uuid4().hex for _ in range(3))
+    reads: list[int] = []
+
+    def flags(jobs: dict[str, str | None]) -> set[str]:
+        reads.append(len(jobs))
+        return store.cancelled(jobs)
+
+    watcher = CancelWatcher(flags, interval_s=0.01, changes=store.cancel_epoch, full_every_s=60).start()
+    try:
+        watcher.watch(job)
+        watcher.watch(line, scope=batch)
+        deadline = time.monotonic() + 5
+        while not reads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # quiet ticks: the epoch only
+        assert len(reads) == 1
+        before = store.cancel_epoch()
+        store.request_cancel(job)
+        assert store.cancel_epoch() != before
+        store.request_cancel(batch, ttl_s=30)  # a batch's flag cancels its lines
+        deadline = time.monotonic() + 5
+        while watcher.cancelled([job, line]) != {job, line} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watcher.cancelled([job, line]) == {job, line}
+        assert 0 < store.r.ttl(keys.cancel(batch)) <= 30
+    finally:
+        watcher.stop()
+
+
 def test_a_second_delivery_of_a_job_running_on_a_live_worker_is_a_duplicate(store):
     from dispatcher.store import keys
 

@@ -61,3 +61,95 @@ def test_a_job_is_polled_with_its_scope():
         assert watcher.cancelled(["batch_1-3", "solo"]) == {"batch_1-3"}
     finally:
         watcher.stop()
+
+
+class Flags:
+    """A cancel store in memory: flags, a counter that moves with each cancel, and how
+    often each was read."""
+
+    def __init__(self) -> None:
+        self.flags: set[str] = set()
+        self.epoch = 0
+        self.polls = 0
+        self.counter_reads = 0
+
+    def cancel(self, job_id: str, bump: bool = True) -> None:
+        self.flags.add(job_id)
+        self.epoch += bump
+
+    def poll(self, jobs: dict[str, str | None]) -> set[str]:
+        self.polls += 1
+        return {j for j, scope in jobs.items() if j in self.flags or scope in self.flags}
+
+    def changes(self) -> int:
+        self.counter_reads += 1
+        return self.epoch
+
+
+def wait_for(predicate, timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return predicate()
+
+
+def test_with_a_counter_the_flags_are_read_only_when_it_moves_or_a_job_was_watched():
+    store = Flags()
+    watcher = CancelWatcher(store.poll, interval_s=0.01, changes=store.changes, full_every_s=60).start()
+    try:
+        watcher.watch("a")
+        assert wait_for(lambda: store.polls == 1)  # a new job: its flag may predate the watch
+        reads = store.counter_reads
+        assert wait_for(lambda: store.counter_reads >= reads + 10)
+        assert store.polls == 1  # ten quiet ticks: the counter only, no flags
+        store.cancel("a")
+        assert wait_for(lambda: watcher.cancelled(["a"]) == {"a"})
+        assert store.polls == 2
+        watcher.watch("b")
+        assert wait_for(lambda: store.polls == 3)
+    finally:
+        watcher.stop()
+
+
+def test_a_job_cancelled_before_it_is_watched_is_seen_without_the_counter_moving():
+    store = Flags()
+    watcher = CancelWatcher(store.poll, interval_s=0.01, changes=store.changes, full_every_s=60).start()
+    try:
+        watcher.watch("other")
+        assert wait_for(lambda: store.polls == 1)
+        store.cancel("late", bump=False)  # flagged while queued, the counter already read
+        watcher.watch("late")
+        assert wait_for(lambda: watcher.cancelled(["late"]) == {"late"})
+    finally:
+        watcher.stop()
+
+
+def test_a_flag_that_did_not_move_the_counter_is_still_seen_within_the_full_read_interval():
+    store = Flags()
+    watcher = CancelWatcher(store.poll, interval_s=0.01, changes=store.changes, full_every_s=0.2).start()
+    try:
+        watcher.watch("a")
+        assert wait_for(lambda: store.polls == 1)
+        store.cancel("a", bump=False)  # e.g. the counter lost with a Redis restart
+        time.sleep(0.1)
+        assert watcher.cancelled(["a"]) == set()  # not yet: the counter did not move
+        assert wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, timeout=1.0)
+    finally:
+        watcher.stop()
+
+
+def test_a_counter_that_cannot_be_read_falls_back_to_reading_the_flags():
+    store = Flags()
+
+    def broken() -> int:
+        raise ConnectionError("redis blip")
+
+    watcher = CancelWatcher(store.poll, interval_s=0.01, changes=broken, full_every_s=60).start()
+    try:
+        watcher.watch("a")
+        assert wait_for(lambda: store.polls >= 1)
+        store.cancel("a", bump=False)
+        assert wait_for(lambda: watcher.cancelled(["a"]) == {"a"})
+        assert wait_for(lambda: store.polls >= 5)  # every tick reads the flags
+    finally:
+        watcher.stop()
