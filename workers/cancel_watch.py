@@ -13,10 +13,9 @@ been set before it was watched), or every ``full_every_s`` whatever the counter 
 (a counter lost with a Redis restart, or a flag set by something that did not bump it).
 Redis then answers one GET per tick per worker instead of an MGET of every running job's
 and batch's key (64 jobs: 128 keys, a ~210 µs round trip from Python against ~30 µs for the
-GET here). The
-worker saves less than that suggests: with 64 jobs watched for 10 s the thread spent
-0.07 CPU s polling flags every tick and 0.05 s reading the counter, most of it the
-wake-up itself (waking a Python thread after 100 ms of sleep costs ~0.3 ms here).
+GET here). The worker saves less than that suggests: with 64 jobs watched for 10 s the
+thread spent 0.07 CPU s polling flags every tick and 0.05 s reading the counter, most of
+it the wake-up itself (waking a Python thread after 100 ms of sleep costs ~0.3 ms here).
 """
 
 from __future__ import annotations
