@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from workers.cancel_watch import CancelWatcher
 
@@ -86,6 +88,18 @@ class Flags:
         return self.epoch
 
 
+@contextmanager
+def running(store: Flags, full_every_s: float = 60, changes=None) -> Iterator[CancelWatcher]:
+    """A watcher on ``store`` ticking every 10 ms, stopped after the block."""
+    watcher = CancelWatcher(
+        store.poll, interval_s=0.01, changes=changes or store.changes, full_every_s=full_every_s
+    ).start()
+    try:
+        yield watcher
+    finally:
+        watcher.stop()
+
+
 def wait_for(predicate, timeout: float = 2.0) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate() and time.monotonic() < deadline:
@@ -95,8 +109,7 @@ def wait_for(predicate, timeout: float = 2.0) -> bool:
 
 def test_with_a_counter_the_flags_are_read_only_when_it_moves_or_a_job_was_watched():
     store = Flags()
-    watcher = CancelWatcher(store.poll, interval_s=0.01, changes=store.changes, full_every_s=60).start()
-    try:
+    with running(store) as watcher:
         watcher.watch("a")
         assert wait_for(lambda: store.polls == 1)  # a new job: its flag may predate the watch
         reads = store.counter_reads
@@ -107,35 +120,27 @@ def test_with_a_counter_the_flags_are_read_only_when_it_moves_or_a_job_was_watch
         assert store.polls == 2
         watcher.watch("b")
         assert wait_for(lambda: store.polls == 3)
-    finally:
-        watcher.stop()
 
 
 def test_a_job_cancelled_before_it_is_watched_is_seen_without_the_counter_moving():
     store = Flags()
-    watcher = CancelWatcher(store.poll, interval_s=0.01, changes=store.changes, full_every_s=60).start()
-    try:
+    with running(store) as watcher:
         watcher.watch("other")
         assert wait_for(lambda: store.polls == 1)
         store.cancel("late", bump=False)  # flagged while queued, the counter already read
         watcher.watch("late")
         assert wait_for(lambda: watcher.cancelled(["late"]) == {"late"})
-    finally:
-        watcher.stop()
 
 
 def test_a_flag_that_did_not_move_the_counter_is_still_seen_within_the_full_read_interval():
     store = Flags()
-    watcher = CancelWatcher(store.poll, interval_s=0.01, changes=store.changes, full_every_s=0.2).start()
-    try:
+    with running(store, full_every_s=0.2) as watcher:
         watcher.watch("a")
         assert wait_for(lambda: store.polls == 1)
         store.cancel("a", bump=False)  # e.g. the counter lost with a Redis restart
         time.sleep(0.1)
         assert watcher.cancelled(["a"]) == set()  # not yet: the counter did not move
         assert wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, timeout=1.0)
-    finally:
-        watcher.stop()
 
 
 def test_a_counter_that_cannot_be_read_falls_back_to_reading_the_flags():
@@ -144,12 +149,9 @@ def test_a_counter_that_cannot_be_read_falls_back_to_reading_the_flags():
     def broken() -> int:
         raise ConnectionError("redis blip")
 
-    watcher = CancelWatcher(store.poll, interval_s=0.01, changes=broken, full_every_s=60).start()
-    try:
+    with running(store, changes=broken) as watcher:
         watcher.watch("a")
         assert wait_for(lambda: store.polls >= 1)
         store.cancel("a", bump=False)
         assert wait_for(lambda: watcher.cancelled(["a"]) == {"a"})
         assert wait_for(lambda: store.polls >= 5)  # every tick reads the flags
-    finally:
-        watcher.stop()
