@@ -8,8 +8,8 @@ from the engine. ``metered`` snapshots, before and after the pass, the CPU time
 server, and the machine's busy, steal and idle time from /proc/stat (psutil), so each
 side's JSON carries the accounting of its own pass. It also counts each process's
 involuntary context switches, summed over its threads: how often something else took a
-core from it (an OpenMP thread taken off its core stalls its partner at the next
-barrier, so these cost the engine more than the CPU seconds of whatever ran instead). A process that exits during the
+core from it (an OpenMP thread taken off its core may stall its partner at the next
+barrier, which its CPU seconds alone would not show). A process that exits during the
 pass is not counted (its time is lost with it); one that starts during it counts from 0.
 """
 

@@ -9,6 +9,7 @@ import uuid
 import pytest
 import redis
 
+from conftest import wait_for
 from dispatcher.store import keys
 from dispatcher.store.jobstore import JobStore
 
@@ -52,19 +53,14 @@ def test_every_cancel_moves_the_epoch_a_worker_watches_and_sets_the_flag_it_read
     try:
         watcher.watch(job)
         watcher.watch(line, scope=batch)
-        deadline = time.monotonic() + 5
-        while not reads and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: reads, 5, "the watched jobs' first flag read")
         time.sleep(0.2)  # quiet ticks: the epoch only
         assert len(reads) == 1
         before = store.cancel_epoch()
         store.request_cancel(job)
         assert store.cancel_epoch() != before
         store.request_cancel(batch, ttl_s=30)  # a batch's flag cancels its lines
-        deadline = time.monotonic() + 5
-        while watcher.cancelled([job, line]) != {job, line} and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert watcher.cancelled([job, line]) == {job, line}
+        wait_for(lambda: watcher.cancelled([job, line]) == {job, line}, 5, "both cancels seen")
         assert 0 < store.r.ttl(keys.cancel(batch)) <= 30
     finally:
         watcher.stop()

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from conftest import wait_for
 from workers.cancel_watch import CancelWatcher
 
 
@@ -100,47 +101,40 @@ def running(store: Flags, full_every_s: float = 60, changes=None) -> Iterator[Ca
         watcher.stop()
 
 
-def wait_for(predicate, timeout: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return predicate()
-
-
 def test_with_a_counter_the_flags_are_read_only_when_it_moves_or_a_job_was_watched():
     store = Flags()
     with running(store) as watcher:
         watcher.watch("a")
-        assert wait_for(lambda: store.polls == 1)  # a new job: its flag may predate the watch
+        wait_for(lambda: store.polls == 1, 2, "the new job's flag read")  # its flag may predate the watch
         reads = store.counter_reads
-        assert wait_for(lambda: store.counter_reads >= reads + 10)
+        wait_for(lambda: store.counter_reads >= reads + 10, 2, "ten ticks")
         assert store.polls == 1  # ten quiet ticks: the counter only, no flags
         store.cancel("a")
-        assert wait_for(lambda: watcher.cancelled(["a"]) == {"a"})
+        wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, 2, "the cancel")
         assert store.polls == 2
         watcher.watch("b")
-        assert wait_for(lambda: store.polls == 3)
+        wait_for(lambda: store.polls == 3, 2, "the second job's flag read")
 
 
 def test_a_job_cancelled_before_it_is_watched_is_seen_without_the_counter_moving():
     store = Flags()
     with running(store) as watcher:
         watcher.watch("other")
-        assert wait_for(lambda: store.polls == 1)
+        wait_for(lambda: store.polls == 1, 2, "the first flag read")
         store.cancel("late", bump=False)  # flagged while queued, the counter already read
         watcher.watch("late")
-        assert wait_for(lambda: watcher.cancelled(["late"]) == {"late"})
+        wait_for(lambda: watcher.cancelled(["late"]) == {"late"}, 2, "the late job's cancel")
 
 
 def test_a_flag_that_did_not_move_the_counter_is_still_seen_within_the_full_read_interval():
     store = Flags()
-    with running(store, full_every_s=0.2) as watcher:
+    with running(store, full_every_s=1.0) as watcher:
         watcher.watch("a")
-        assert wait_for(lambda: store.polls == 1)
+        wait_for(lambda: store.polls == 1, 2, "the first flag read")  # seen within 0.25 s of it
         store.cancel("a", bump=False)  # e.g. the counter lost with a Redis restart
         time.sleep(0.1)
         assert watcher.cancelled(["a"]) == set()  # not yet: the counter did not move
-        assert wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, timeout=1.0)
+        wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, 2.0, "the full read's cancel")
 
 
 def test_a_counter_that_cannot_be_read_falls_back_to_reading_the_flags():
@@ -151,7 +145,7 @@ def test_a_counter_that_cannot_be_read_falls_back_to_reading_the_flags():
 
     with running(store, changes=broken) as watcher:
         watcher.watch("a")
-        assert wait_for(lambda: store.polls >= 1)
+        wait_for(lambda: store.polls >= 1, 2, "a flag read")
         store.cancel("a", bump=False)
-        assert wait_for(lambda: watcher.cancelled(["a"]) == {"a"})
-        assert wait_for(lambda: store.polls >= 5)  # every tick reads the flags
+        wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, 2, "the cancel")
+        wait_for(lambda: store.polls >= 5, 2, "a flag read every tick")
