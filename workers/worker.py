@@ -100,7 +100,7 @@ def run_worker(
         prepare(spec, engine_spec.format)
     worker_id = worker_id or default_worker_id(backend, hw.kind)
     threads = threads or hw.cpu_cores
-    cancels = CancelWatcher(store.cancelled, changes=store.cancel_epoch).start()
+    cancels = CancelWatcher(store.cancelled, announcements=store.cancel_announcements()).start()
     engine = create_engine(backend, spec, engine_spec, threads, cancel_source=cancels.cancelled)
     engine.load()
     concurrency = concurrency or engine.capacity

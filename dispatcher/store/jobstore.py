@@ -17,6 +17,7 @@ import redis.asyncio
 from dispatcher.jobs import JobStatus, UnknownJobError
 from dispatcher.store import keys
 from dispatcher.store.batchstore import RECORD_LINE_FN, line_keys
+from dispatcher.store.cancels import CancelAnnouncements
 
 # BLMOVE waits in slices shorter than redis-py's default socket timeout (5 s), which
 # would otherwise cut a longer blocking call as a TimeoutError.
@@ -231,16 +232,17 @@ class JobStore:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.job(job_id)).items()}
 
     def request_cancel(self, job_id: str, ttl_s: int | None = None) -> None:
-        """Flag a job, or a whole batch (its id is the scope of its lines' jobs), and bump
-        the cancel epoch in the same transaction: workers read the flags when it moves."""
+        """Flag a job, or a whole batch (its id is the scope of its lines' jobs), and
+        announce it on the cancel channel in the same transaction: workers subscribed to
+        it (dispatcher.store.cancels) read their flags at once instead of polling them."""
         pipe = self.r.pipeline(transaction=True)
         pipe.set(keys.cancel(job_id), "1", ex=ttl_s or self.ttl_s)
-        pipe.incr(keys.CANCEL_EPOCH)
+        pipe.publish(keys.CANCELS, job_id)
         pipe.execute()
 
-    def cancel_epoch(self) -> bytes | None:
-        """A value that changes with every cancel (workers.cancel_watch): one GET."""
-        return self.r.get(keys.CANCEL_EPOCH)
+    def cancel_announcements(self) -> CancelAnnouncements:
+        """A subscription to every cancel's announcement (one connection of its own)."""
+        return CancelAnnouncements(self.r)
 
     def cancelled(self, jobs: dict[str, str | None]) -> set[str]:
         """Which of these jobs (job id → its scope, a batch id or None) have a cancel flag,

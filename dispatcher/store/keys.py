@@ -19,7 +19,7 @@ def cancel(job_or_batch_id: str) -> str:
     return f"ib:cancel:{job_or_batch_id}"
 
 
-CANCEL_EPOCH = "ib:cancel-epoch"  # counter bumped by every cancel: workers re-read flags when it moves
+CANCELS = "ib:cancels"  # pub/sub channel: every cancel announces the flagged id, workers then read their flags
 
 
 def done(job_id: str) -> str:

@@ -39,7 +39,7 @@ def test_begin_sees_a_cancel_that_came_while_queued(store):
     assert store.begin(job, "w1") == (1, True, None, None)
 
 
-def test_every_cancel_moves_the_epoch_a_worker_watches_and_sets_the_flag_it_reads(store):
+def test_every_cancel_is_announced_to_a_watching_worker_and_sets_the_flag_it_reads(store):
     from workers.cancel_watch import CancelWatcher
 
     job, batch, line = (uuid.uuid4().hex for _ in range(3))
@@ -49,16 +49,16 @@ def test_every_cancel_moves_the_epoch_a_worker_watches_and_sets_the_flag_it_read
         reads.append(len(jobs))
         return store.cancelled(jobs)
 
-    watcher = CancelWatcher(flags, interval_s=0.01, changes=store.cancel_epoch, full_every_s=60).start()
+    # No full read for 60 s: only the announcement can make the watcher read the flags.
+    watcher = CancelWatcher(flags, interval_s=0.01, announcements=store.cancel_announcements(), full_every_s=60).start()
     try:
         watcher.watch(job)
         watcher.watch(line, scope=batch)
         wait_for(lambda: reads, 5, "the watched jobs' first flag read")
-        time.sleep(0.2)  # quiet ticks: the epoch only
+        time.sleep(0.2)  # nothing announced: no read
         assert len(reads) == 1
-        before = store.cancel_epoch()
         store.request_cancel(job)
-        assert store.cancel_epoch() != before
+        wait_for(lambda: watcher.cancelled([job]) == {job}, 5, "the job's cancel")
         store.request_cancel(batch, ttl_s=30)  # a batch's flag cancels its lines
         wait_for(lambda: watcher.cancelled([job, line]) == {job, line}, 5, "both cancels seen")
         assert 0 < store.r.ttl(keys.cancel(batch)) <= 30

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,85 +68,94 @@ def test_a_job_is_polled_with_its_scope():
 
 
 class Flags:
-    """A cancel store in memory: flags, a counter that moves with each cancel, and how
-    often each was read."""
+    """A cancel store in memory: flags, announcements of them, and how often each was read."""
 
-    def __init__(self) -> None:
+    def __init__(self, broken: bool = False) -> None:
         self.flags: set[str] = set()
-        self.epoch = 0
         self.polls = 0
-        self.counter_reads = 0
+        self.waits = 0
+        self.broken = broken  # the subscription fails (Redis unreachable)
+        self._announced = 0
+        self._cond = threading.Condition()
 
-    def cancel(self, job_id: str, bump: bool = True) -> None:
+    def cancel(self, job_id: str, announce: bool = True) -> None:
         self.flags.add(job_id)
-        self.epoch += bump
+        with self._cond:
+            self._announced += announce
+            self._cond.notify_all()
 
     def poll(self, jobs: dict[str, str | None]) -> set[str]:
         self.polls += 1
         return {j for j, scope in jobs.items() if j in self.flags or scope in self.flags}
 
-    def changes(self) -> int:
-        self.counter_reads += 1
-        return self.epoch
+    def wait(self, timeout: float) -> bool:
+        self.waits += 1
+        if self.broken:
+            raise ConnectionError("redis blip")
+        with self._cond:
+            heard = self._cond.wait_for(lambda: self._announced, timeout)
+            self._announced = 0
+            return bool(heard)
+
+    def close(self) -> None:
+        pass
 
 
 @contextmanager
-def running(store: Flags, full_every_s: float = 60, changes=None) -> Iterator[CancelWatcher]:
-    """A watcher on ``store`` ticking every 10 ms, stopped after the block."""
-    watcher = CancelWatcher(
-        store.poll, interval_s=0.01, changes=changes or store.changes, full_every_s=full_every_s
-    ).start()
+def running(store: Flags, full_every_s: float = 60) -> Iterator[CancelWatcher]:
+    """A watcher on ``store``'s announcements (10 ms interval), stopped after the block."""
+    watcher = CancelWatcher(store.poll, interval_s=0.01, announcements=store, full_every_s=full_every_s).start()
     try:
         yield watcher
     finally:
         watcher.stop()
 
 
-def test_with_a_counter_the_flags_are_read_only_when_it_moves_or_a_job_was_watched():
+def test_with_announcements_the_flags_are_read_only_when_a_cancel_is_announced_or_a_job_was_watched():
     store = Flags()
     with running(store) as watcher:
         watcher.watch("a")
         wait_for(lambda: store.polls == 1, 2, "the new job's flag read")  # its flag may predate the watch
-        reads = store.counter_reads
-        wait_for(lambda: store.counter_reads >= reads + 10, 2, "ten ticks")
-        assert store.polls == 1  # ten quiet ticks: the counter only, no flags
+        waits = store.waits
+        time.sleep(0.3)
+        assert store.polls == 1  # nothing announced: no flag read
+        assert store.waits <= waits + 2  # blocked on the subscription, not ticking every 10 ms
         store.cancel("a")
-        wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, 2, "the cancel")
+        wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, 2, "the cancel")  # long before the 60 s full read
         assert store.polls == 2
         watcher.watch("b")
         wait_for(lambda: store.polls == 3, 2, "the second job's flag read")
+        stopping = time.monotonic()
+        watcher.stop()
+        assert time.monotonic() - stopping < 2  # not held by the 60 s full read it was waiting for
 
 
-def test_a_job_cancelled_before_it_is_watched_is_seen_without_the_counter_moving():
+def test_a_job_cancelled_before_it_is_watched_is_seen_without_an_announcement():
     store = Flags()
     with running(store) as watcher:
         watcher.watch("other")
         wait_for(lambda: store.polls == 1, 2, "the first flag read")
-        store.cancel("late", bump=False)  # flagged while queued, the counter already read
+        store.cancel("late", announce=False)  # flagged while queued, before its worker watched it
         watcher.watch("late")
         wait_for(lambda: watcher.cancelled(["late"]) == {"late"}, 2, "the late job's cancel")
 
 
-def test_a_flag_that_did_not_move_the_counter_is_still_seen_within_the_full_read_interval():
+def test_a_flag_that_was_not_announced_is_still_seen_within_the_full_read_interval():
     store = Flags()
     with running(store, full_every_s=1.0) as watcher:
         watcher.watch("a")
         wait_for(lambda: store.polls == 1, 2, "the first flag read")  # seen within 0.25 s of it
-        store.cancel("a", bump=False)  # e.g. the counter lost with a Redis restart
+        store.cancel("a", announce=False)  # e.g. announced while the subscription was down
         time.sleep(0.1)
-        assert watcher.cancelled(["a"]) == set()  # not yet: the counter did not move
+        assert watcher.cancelled(["a"]) == set()  # not yet: nothing was announced
         wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, 2.0, "the full read's cancel")
 
 
-def test_a_counter_that_cannot_be_read_falls_back_to_reading_the_flags():
-    store = Flags()
-
-    def broken() -> int:
-        raise ConnectionError("redis blip")
-
-    with running(store, changes=broken) as watcher:
+def test_a_subscription_that_fails_falls_back_to_reading_the_flags_every_interval():
+    store = Flags(broken=True)
+    with running(store) as watcher:
         watcher.watch("a")
         wait_for(lambda: store.polls >= 1, 2, "a flag read")
-        store.cancel("a", bump=False)
+        store.cancel("a", announce=False)
         wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, 2, "the cancel")
-        wait_for(lambda: store.polls >= 5, 2, "a flag read every tick")
+        wait_for(lambda: store.polls >= 5, 2, "a flag read every interval")
