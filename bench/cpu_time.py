@@ -24,17 +24,23 @@ import psutil
 BROKER_NAMES = ("redis-server", "valkey-server")
 
 
-def _processes(roots: dict[int, str]) -> dict[int, tuple[str, psutil.Process]]:
+def _processes(roots: dict[int, str], by_root: bool = False) -> dict[int, tuple[str, psutil.Process]]:
     """Every live process of the root trees (labelled: the root by its given role, its
     descendants by their process name, which vLLM sets to its role, e.g. VLLM::EngineCore)
-    and the broker's server processes."""
+    and the broker's server processes. ``by_root``: a descendant's label starts with its
+    root's role, and a root inside another root's tree is its own (two engines alive at
+    once, one the other's grandchild, are told apart)."""
     found: dict[int, tuple[str, psutil.Process]] = {}
     for pid, role in roots.items():
         try:
             root = psutil.Process(pid)
             found[pid] = (role, root)
-            for child in root.children(recursive=True):
-                found.setdefault(child.pid, (child.name(), child))
+            below = root.children(recursive=True)
+            if by_root:
+                inner = {c.pid for r in below if r.pid in roots and r.pid != pid for c in r.children(recursive=True)}
+                below = [c for c in below if c.pid not in roots and c.pid not in inner]
+            for child in below:
+                found.setdefault(child.pid, (f"{role} / {child.name()}" if by_root else child.name(), child))
         except psutil.Error:
             continue
     for proc in psutil.process_iter(["name"]):
@@ -79,17 +85,18 @@ def _machine() -> dict[str, float]:
 
 
 @contextmanager
-def metered(roots: dict[int, str]) -> Iterator[dict]:
+def metered(roots: dict[int, str], by_root: bool = False) -> Iterator[dict]:
     """Yields a dict that, after the block, holds ``processes`` (label → CPU seconds
     spent during the block, processes of one label summed, largest first) and
     ``machine`` (busy / steal / idle seconds summed over all cores, and the core count),
     and ``preempted`` (label → involuntary context switches during the block).
-    ``roots``: pid → role, e.g. ``{os.getpid(): "bench process"}``."""
+    ``roots``: pid → role, e.g. ``{os.getpid(): "bench process"}``; ``by_root``: see
+    ``_processes``."""
     out: dict = {}
-    procs = _processes(roots)
+    procs = _processes(roots, by_root)
     before, switches_before, machine_before = _cpu_seconds(procs), _preemptions(procs), _machine()
     yield out
-    procs.update({pid: p for pid, p in _processes(roots).items() if pid not in procs})
+    procs.update({pid: p for pid, p in _processes(roots, by_root).items() if pid not in procs})
     after, switches_after, machine_after = _cpu_seconds(procs), _preemptions(procs), _machine()
     per_label: dict[str, float] = {}
     preempted: dict[str, int] = {}

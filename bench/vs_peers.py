@@ -56,11 +56,12 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.table import Table
 
-from bench import cpu_time, inprocess
+from bench import cpu_time, inprocess, paired
 from bench.fleet_overhead import prompts
 from bench.gateway import (
     Arm,
@@ -82,6 +83,7 @@ from workers.models.prepare import prepare
 
 console = Console()
 FLEET, PEER = "fleet llama.cpp worker", "llama-server"
+WORKER_ROLE = "worker process (Celery + engine front end)"
 
 
 def one_at_a_time(run: Arm, texts: list[str], max_tokens: int) -> dict:
@@ -126,12 +128,9 @@ def batches_formed(first_tokens: list[float], within_s: float = 0.005) -> list[i
     return sizes
 
 
-def fleet_batch(
-    client: Client, texts: list[str], max_tokens: int, worker_pid: int, first_pass: list[str] | None = None
-) -> dict:
-    """Every prompt at once, as a batch user sends them; tok/s to the last result. With
-    ``first_pass``, a timed pass over those prompts first (inprocess.passes). CPU time is
-    metered for this process (the client) and the worker's process tree."""
+def fleet_timed(client: Client, max_tokens: int, warm_text: str) -> Callable[[list[str]], dict]:
+    """``timed(batch)``: every prompt at once through ``Client.submit_many``, as a batch
+    user sends them; tok/s to the last result. One short job warms the worker first."""
 
     def jobs(batch: list[str], tokens: int) -> list[dict]:
         return [
@@ -146,8 +145,18 @@ def fleet_batch(
         firsts = [r.timings.first_token for r in results if r.timings.first_token is not None]
         return inprocess.result(sum(r.usage.completion_tokens for r in results), wall, batches=batches_formed(firsts))
 
-    client.submit(jobs(texts[:1], 4)[0]).result(timeout=600)  # warm
-    roots = {os.getpid(): "bench process (client)", worker_pid: "worker process (Celery + engine front end)"}
+    client.submit(jobs([warm_text], 4)[0]).result(timeout=600)
+    return timed
+
+
+def fleet_batch(
+    client: Client, texts: list[str], max_tokens: int, worker_pid: int, first_pass: list[str] | None = None
+) -> dict:
+    """``fleet_timed``'s pass; with ``first_pass``, a timed pass over those prompts first
+    (inprocess.passes). CPU time is metered for this process (the client) and the
+    worker's process tree."""
+    timed = fleet_timed(client, max_tokens, texts[0])
+    roots = {os.getpid(): "bench process (client)", worker_pid: WORKER_ROLE}
     return inprocess.passes(timed, texts, first_pass, roots)
 
 
@@ -269,7 +278,18 @@ def main() -> int:
         help="onnx/vllm: time the one pass right after the engine starts (the default times a second, steady pass "
         "and reports the first beside it)",
     )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="vllm: both engines alive, this many pairs of steady passes, order alternating (bench.paired) "
+        "instead of rounds with engines started afresh",
+    )
     args = ap.parse_args()
+    if args.backend == "vllm" and args.pairs:
+        if "--prompts" not in sys.argv:
+            args.prompts = 64
+        return paired.vllm_paired(args, fleet_timed)
     if args.backend != "llamacpp":
         if "--rounds" not in sys.argv:
             args.rounds = 3

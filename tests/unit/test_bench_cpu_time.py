@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from bench.cpu_time import engine_split, metered, summary
 
 SPIN = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\n"
@@ -71,3 +73,24 @@ def test_processes_sharing_one_core_count_the_times_they_were_taken_off_it() -> 
     spinner_label = os.path.basename(sys.executable)
     assert cpu["preempted"].get(spinner_label, 0) >= 20
     assert cpu["preempted"].get("sleep", 0) <= 2
+
+
+def test_by_root_labels_each_process_with_its_own_roots_role_when_one_root_is_inside_another() -> None:
+    # bench.paired: the fleet's worker is a child of the bench process, and both run an
+    # engine whose processes have the same names. With ``by_root`` the worker's
+    # grandchild spinner counts under the worker's role, not the outer root's.
+    grandchild = "import time; time.sleep(0.3)\n" + SPIN.format(s=0.5) + "time.sleep(30)"
+    spawn = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {grandchild!r}])\ntime.sleep(30)"
+    inner = subprocess.Popen([sys.executable, "-c", spawn])
+    try:
+        time.sleep(0.2)  # the grandchild exists before the meter looks
+        with metered({os.getpid(): "outer", inner.pid: "inner"}, by_root=True) as cpu:
+            time.sleep(1.5)
+    finally:
+        for child in psutil.Process(inner.pid).children(recursive=True):
+            child.kill()
+        inner.kill()
+        inner.wait()
+    spent = cpu["processes"]
+    assert sum(v for k, v in spent.items() if k.startswith("inner / ")) >= 0.35
+    assert sum(v for k, v in spent.items() if k.startswith("outer")) < 0.2
