@@ -75,7 +75,7 @@ bench-peers: install
 
 bench-inprocess: install
 	$(PY) -m bench.vs_peers --backend onnx
-	$(PY) -m bench.vs_peers --backend vllm
+	$(PY) -m bench.vs_peers --backend vllm --pairs 16
 
 bench-ttft: install
 	$(PY) -m bench.ttft_prefill

@@ -4,7 +4,7 @@ own in-process loops (bench.inprocess).
 
     python -m bench.vs_peers [--backend llamacpp|onnx|vllm] [--prompts 32] [--max-tokens 64]
                              [--concurrency 16] [--threads 2] [--slots 8] [--ttft-prompts 8]
-                             [--rounds 2]
+                             [--rounds 2] [--pairs N (vllm)]
 
 ``--backend onnx`` / ``vllm`` (throughput of a batch): ``--prompts`` chat prompts (vLLM: 64
 unless given), greedy, ``--max-tokens``, all sent at once through ``Client.submit_many`` to
@@ -22,7 +22,10 @@ Each pass also records where the CPU went (bench.cpu_time: CPU seconds per proce
 each side, Redis, the machine's busy / steal / idle), and each round's steady ratio is
 split into the engine's cores (fleet / in-process: what the fleet's own processes and
 arrivals take from the engine) times its tokens per CPU second (the machine's speed of
-the moment, which moves by ±10 % between passes on these VMs).
+the moment, which moves by ±10 % between passes on these VMs). ``--backend vllm --pairs N``
+instead starts both engines once and times N pairs of passes, the sides taking turns
+(bench.paired): the rounds' minutes between the two sides' passes let the machine's
+speed drift more than the difference measured.
 
 ``--backend llamacpp`` (the default):
 Both sides serve the same GGUF (SmolLM2-135M-Instruct, the package's quantization) with
