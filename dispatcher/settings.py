@@ -142,6 +142,7 @@ class BatchSettings(Section):
     max_queued: int
     feed_chunk: int
     feed_interval_s: float
+    feed_idle_interval_s: float
     feeder_in_workers: bool
     feeder_lease_s: float
     validate_chunk: int

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import own_database
+from conftest import own_database, wait_for
 from dispatcher.batch.feeder import BatchFeeder
 from dispatcher.batch.records import CHAT_URL, line_job_id
 from dispatcher.client import Client
@@ -209,6 +209,34 @@ def test_one_feeder_holds_the_lease_at_a_time(client):
     assert not b.holds_lease()
     a.run(once=True)  # nothing to do: returns and lets the lease go
     assert b.holds_lease()
+
+
+def test_an_idle_feeder_steps_once_a_second_and_one_without_the_lease_asks_for_it_rarely(client):
+    """Every worker runs a feeder: idle ones must not poll Redis 5 times a second. The
+    holder with no active batch steps every feed_idle_interval_s (1 s), one without
+    the lease asks for it every quarter lease (2.5 s), and a new batch is still fed
+    within the idle interval."""
+    holder, other = BatchFeeder(client, owner="h"), BatchFeeder(client, owner="o")
+    steps = {"h": 0, "o": 0}
+    for feeder in (holder, other):
+
+        def counted(real=feeder.holds_lease, owner=feeder.owner) -> bool:
+            steps[owner] += 1
+            return real()
+
+        feeder.holds_lease = counted
+    holder.start()
+    try:
+        wait_for(lambda: steps["h"] >= 1, 5, "the holder's first step")
+        other.start()
+        time.sleep(1.5)
+        assert 1 <= steps["h"] <= 3  # 8 at the 0.2 s interval
+        assert steps["o"] == 1
+        client.batches.create([good(1), good(2)])
+        wait_for(lambda: len(queued(client)) == 2, 3, "the new batch's lines fed")
+    finally:
+        holder.stop()
+        other.stop()
 
 
 def test_unknown_batch_and_bad_options_are_refused(client):
