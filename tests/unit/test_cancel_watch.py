@@ -159,3 +159,20 @@ def test_a_subscription_that_fails_falls_back_to_reading_the_flags_every_interva
         store.cancel("a", announce=False)
         wait_for(lambda: watcher.cancelled(["a"]) == {"a"}, 2, "the cancel")
         wait_for(lambda: store.polls >= 5, 2, "a flag read every interval")
+
+
+def test_with_nothing_watched_the_watcher_sleeps_until_a_job_is_and_stops_at_once():
+    store = Flags()
+    with running(store) as watcher:
+        time.sleep(0.3)
+        assert store.waits == 0  # an idle worker's watcher neither wakes nor reads
+        watcher.watch("a")
+        wait_for(lambda: store.polls == 1, 2, "the new job's flag read")
+        watcher.unwatch("a")
+        time.sleep(0.6)  # back to sleep after at most one more wait
+        waits = store.waits
+        time.sleep(0.6)
+        assert store.waits == waits
+        stopping = time.monotonic()
+        watcher.stop()
+        assert time.monotonic() - stopping < 0.5
