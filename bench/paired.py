@@ -15,9 +15,9 @@ The same workload and settings as the rounds: the same chat prompts at once, gre
 engine warmed by one request and one full untimed pass before the first pair, and a
 pause of ``SETTLE_S`` before every pass (an engine keeps burning CPU for a while after
 its pass ends). What differs from the rounds: the idle side's engine and (for the
-fleet) its worker's threads stay alive during the other side's pass. Every pass is metered over both sides' process
-trees (bench.cpu_time, ``by_root``), so what the idle side spent is in the JSON and the
-summary rather than assumed away. The ratio is the median of the per-pair ratios.
+fleet) its worker's threads stay alive during the other side's pass. Every pass is
+metered over both sides' process trees (bench.cpu_time, ``by_root``), so what the idle
+side spent is in the JSON and the summary rather than assumed away. The ratio is the median of the per-pair ratios.
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ def report(args: argparse.Namespace, pairs: list[dict[str, dict]]) -> int:
         )
     console.print(table)
     ratio = statistics.median(per_pair)
+    low, _, high = statistics.quantiles(per_pair, n=4)
     console.print(
-        f"fleet / in-process, median of {len(pairs)} pairs: {ratio:.3f}x (quartiles "
-        f"{statistics.quantiles(per_pair, n=4)[0]:.3f}-{statistics.quantiles(per_pair, n=4)[2]:.3f}); "
+        f"fleet / in-process, median of {len(pairs)} pairs: {ratio:.3f}x (quartiles {low:.3f}-{high:.3f}); "
         f"with the in-process side's tokenizing left out of its clock: {statistics.median(without_tokenize):.3f}x; "
         f"tokens per CPU second the hypervisor did not steal: {statistics.median(unstolen):.3f}x"
     )
