@@ -46,11 +46,17 @@ def evaluate(facts: HealthFacts, limits: HealthSettings) -> list[str]:
     return reasons
 
 
-def process_rss_mb(proc: psutil.Process | None = None) -> float:
-    """This process and its children (vLLM's engine core, a spawned helper)."""
+def process_family(proc: psutil.Process | None = None) -> list[psutil.Process]:
+    """This process and its children (vLLM's engine core, a spawned helper). Finding the
+    children reads every process's /proc entry: done once per beat, for both figures."""
     proc = proc or psutil.Process()
+    return [proc, *proc.children(recursive=True)]
+
+
+def process_rss_mb(family: list[psutil.Process] | None = None) -> float:
+    """Resident memory of this process and its children (``process_family``)."""
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in family if family is not None else process_family():
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -58,12 +64,11 @@ def process_rss_mb(proc: psutil.Process | None = None) -> float:
     return total / 2**20
 
 
-def process_peak_rss_mb(proc: psutil.Process | None = None) -> float | None:
+def process_peak_rss_mb(family: list[psutil.Process] | None = None) -> float | None:
     """The kernel's high-water mark (VmHWM) of this process and its children, summed (an
     upper bound when their peaks came at different times); None where /proc has no VmHWM."""
-    proc = proc or psutil.Process()
     total, found = 0, False
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in family if family is not None else process_family():
         try:
             status = Path(f"/proc/{p.pid}/status").read_text()
         except OSError:
@@ -85,11 +90,12 @@ class HealthMonitor:
         self._proc.cpu_percent()  # the first call only starts the interval
 
     def facts(self) -> HealthFacts:
+        family = process_family(self._proc)
         return HealthFacts(
             cpu_percent=self._proc.cpu_percent(),
             ram_used_frac=psutil.virtual_memory().percent / 100,
-            rss_mb=round(process_rss_mb(self._proc), 1),
-            peak_rss_mb=_rounded(process_peak_rss_mb(self._proc)),
+            rss_mb=round(process_rss_mb(family), 1),
+            peak_rss_mb=_rounded(process_peak_rss_mb(family)),
             gpus=self.gpu_reader() if self.gpu_reader else [],
         )
 

@@ -139,7 +139,11 @@ def run_worker(
     )
     if own_queue is not None:
         client.hset(keys.WORKER_QUEUES, worker_id, own_queue)  # swept to the shared queue if this worker dies
-    hints = PrefixHints(client, cfg.prefix.hint_ttl_s, cfg.prefix.max_worker_blocks)
+    # A block this worker confirmed within a 60th of the TTL (a minute by default) is not
+    # written again: a job's blocks are confirmed as it starts and as it finishes.
+    hints = PrefixHints(
+        client, cfg.prefix.hint_ttl_s, cfg.prefix.max_worker_blocks, refresh_s=cfg.prefix.hint_ttl_s / 60
+    )
     hints.drop_worker(worker_id)  # a restarted worker holds no KV state, whatever hints said
     reaper.recover_own(client, app, worker_id)  # a previous process with this id died holding jobs
     letters = DeadLetters(client)

@@ -37,6 +37,42 @@ def test_a_busy_workers_prefix_hints_are_capped_and_the_stale_ones_trimmed(url):
     assert hints.drop_worker("w1") == 1 and not r.exists(keys.worker_blocks("w1"))
 
 
+def test_hints_recorded_in_a_callers_pipeline_are_the_same_writes(url):
+    """The client records an affinity send's hints inside its push pipeline: the same
+    script as a worker's own record, capped and given TTLs alike, run at execute."""
+    r = redis.Redis.from_url(url)
+    hints = PrefixHints(r, ttl_s=60, max_worker_blocks=3)
+    pipe = r.pipeline(transaction=False)
+    hints.record("w2", ["a", "b", "c", "d"], client=pipe)
+    assert hints.lookup(["a"]) == {}  # nothing written before the caller executes
+    pipe.execute()
+    assert hints.lookup(["a", "b", "c", "d"]) == {"w2": 4}
+    assert r.zcard(keys.worker_blocks("w2")) == 3  # capped like a worker's own record
+    assert 0 < r.ttl(keys.prefix_block("a")) <= 60 and 0 < r.ttl(keys.worker_blocks("w2")) <= 60
+
+
+def test_a_worker_does_not_rewrite_blocks_it_confirmed_moments_ago(url):
+    """A job confirms its blocks as it starts and as it finishes: the second write is
+    skipped within ``refresh_s``; a new block, a restart or a dispatch's record writes."""
+    r = redis.Redis.from_url(url)
+    hints = PrefixHints(r, ttl_s=60, refresh_s=30)
+    hints.record("w3", ["a", "b"])
+    r.delete(keys.prefix_block("a"))  # any record that writes puts it back
+    hints.record("w3", ["a", "b"])  # the finish's confirmation, moments after the start's
+    assert hints.lookup(["a"]) == {}
+    hints.record("w3", ["a", "c"])  # a block not recorded yet: the whole record is written
+    assert hints.lookup(["a", "c"]) == {"w3": 2}
+    r.delete(keys.prefix_block("a"))
+    hints.drop_worker("w3")  # a restarted worker remembers nothing
+    hints.record("w3", ["a"])
+    assert hints.lookup(["a"]) == {"w3": 1}
+    pipe = r.pipeline(transaction=False)
+    hints.record("w4", ["a"], client=pipe)  # a dispatch's record for another worker
+    hints.record("w4", ["a"], client=pipe)
+    pipe.execute()
+    assert hints.lookup(["a"]) == {"w3": 1, "w4": 1}
+
+
 def test_expired_batches_leave_every_index(url, monkeypatch):
     monkeypatch.setenv("IB_BATCH_RETENTION_S", "0")
     with Client(url) as client:
