@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-peers bench-inprocess bench-ttft bench-chaos bench-profiles clean
+.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-peers bench-inprocess bench-contention bench-ttft bench-chaos bench-profiles clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -76,6 +76,9 @@ bench-peers: install
 bench-inprocess: install
 	$(PY) -m bench.vs_peers --backend onnx
 	$(PY) -m bench.vs_peers --backend vllm --pairs 16
+
+bench-contention: install
+	$(PY) -m bench.contention --pairs 6
 
 bench-ttft: install
 	$(PY) -m bench.ttft_prefill
