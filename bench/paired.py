@@ -17,7 +17,8 @@ pause of ``SETTLE_S`` before every pass (an engine keeps burning CPU for a while
 its pass ends). What differs from the rounds: the idle side's engine and (for the
 fleet) its worker's threads stay alive during the other side's pass. Every pass is
 metered over both sides' process trees (bench.cpu_time, ``by_root``), so what the idle
-side spent is in the JSON and the summary rather than assumed away. The ratio is the median of the per-pair ratios.
+side spent is in the JSON and the summary rather than assumed away. The ratio is the
+median of the per-pair ratios.
 """
 
 from __future__ import annotations

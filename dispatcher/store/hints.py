@@ -3,9 +3,9 @@
 One sorted set per block hash (``ib:prefix:<hash>``: worker id → last time it held the
 block), with a TTL. A dispatch looks up every block of a prompt in one pipelined round
 trip (a holder not confirmed within the TTL does not count); a worker that starts or
-finishes a job confirms its blocks (not again within ``refresh_s``); a dead or restarted worker's hints are dropped
-(``ib:prefix-blocks:<id>`` lists them). The hashes themselves are made by
-dispatcher.routing.prefix.
+finishes a job confirms its blocks (not again within ``refresh_s``); a dead or restarted
+worker's hints are dropped (``ib:prefix-blocks:<id>`` lists them). The hashes themselves
+are made by dispatcher.routing.prefix.
 
 Bounded while jobs flow: a worker's list keeps the blocks confirmed within the TTL, at
 most ``max_worker_blocks`` of them (its prefix cache holds far fewer), the oldest
