@@ -31,8 +31,19 @@ import redis
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 
-TakenRecorder = Callable[[Any, str, str], None]
-"""Adds its writes for one taken message to a redis-py pipeline: (pipeline, task id, delivery tag)."""
+TakenRecorder = Callable[[Any, str, str, list[str] | None], None]
+"""Adds its writes for one taken message to a redis-py pipeline: (pipeline, task id,
+delivery tag, the ids of the jobs a group message carries or None)."""
+
+GROUP_HEADER = "ib_jobs"
+"""The message header listing the job ids of a group message (ib.generate_group)."""
+
+
+def group_members(message: Any) -> list[str] | None:
+    """The job ids a kombu message carries as a group (None: one job, or not ours)."""
+    members = (message.headers or {}).get(GROUP_HEADER)
+    return [m for m in members if isinstance(m, str)] if isinstance(members, list) else None
+
 
 _record_taken: TakenRecorder | None = None
 
@@ -52,18 +63,54 @@ def record_taken(recorder: TakenRecorder | None) -> None:
 
 class RecordingQoS(kombu_redis.QoS):
     """kombu's QoS, whose unacked write (ZADD to the index, HSET of the message, one
-    pipeline, as kombu writes them) also carries ``record_taken``'s writes."""
+    pipeline, as kombu writes them) also carries ``record_taken``'s writes.
+
+    It also counts the prefetch limit in jobs, not messages: a group message holds as
+    many of the worker's slots as it carries jobs (until acked), so a worker takes no
+    more jobs at once than its capacity, grouped or not."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._extra_jobs: dict[str, int] = {}  # delivery tag -> jobs beyond the first it carries
+
+    def held_jobs(self) -> int:
+        """Jobs in the messages taken and not yet acked or rejected."""
+        dirty = self._dirty
+        # list(): task threads ack while the consumer's thread asks (one C call: no switch)
+        extra = sum(n for tag, n in list(self._extra_jobs.items()) if tag not in dirty) if self._extra_jobs else 0
+        return len(self._delivered) - len(dirty) + extra
+
+    def can_consume(self) -> bool:
+        return not self.prefetch_count or self.held_jobs() < self.prefetch_count
+
+    def can_consume_max_estimate(self) -> int | None:
+        return max(self.prefetch_count - self.held_jobs(), 0) if self.prefetch_count else None
+
+    def ack(self, delivery_tag: str) -> None:
+        self._extra_jobs.pop(delivery_tag, None)
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        self._extra_jobs.pop(delivery_tag, None)
+        super().reject(delivery_tag, requeue=requeue)
+
+    def restore_unacked(self, client: Any = None) -> Any:
+        self._extra_jobs.clear()
+        return super().restore_unacked(client)
 
     def append(self, message: Any, delivery_tag: str) -> None:
         recorder = _record_taken
         task_id = (message.headers or {}).get("id")
+        members = group_members(message)
+        if members and len(members) > 1:
+            self._extra_jobs[delivery_tag] = len(members) - 1
         if recorder is None or task_id is None:
             return super().append(message, delivery_tag)
         delivery = message.delivery_info
         raw = kombu_redis.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
         with self.pipe_or_acquire() as pipe:
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(self.unacked_key, delivery_tag, raw)
-            recorder(pipe, task_id, delivery_tag)
+            recorder(pipe, task_id, delivery_tag, members)
             pipe.execute()
             virtual.QoS.append(self, message, delivery_tag)  # kombu's in-process record of it
         message.ib_taken_recorded = True  # the message that Celery's request will carry

@@ -27,6 +27,7 @@ from dispatcher.jobs import BACKENDS
 broker_transport.install()
 
 GENERATE_TASK = "ib.generate"
+GENERATE_GROUP_TASK = "ib.generate_group"  # several jobs of one queue in one message (dispatcher.grouping)
 QUEUE_PREFIX = "ib."
 AMQP_MAX_PRIORITY = 9
 PRIORITY_SEP = ":"  # kombu's Redis transport: queue name, separator, priority step

@@ -18,8 +18,9 @@ from typing import Any
 
 from dispatcher import connection, settings
 from dispatcher.batch.api import Batches
-from dispatcher.broker_transport import PushGuard
+from dispatcher.broker_transport import GROUP_HEADER, PushGuard
 from dispatcher.celery_app import (
+    GENERATE_GROUP_TASK,
     GENERATE_TASK,
     BrokerNotConfigured,
     get_app,
@@ -27,6 +28,7 @@ from dispatcher.celery_app import (
     queued,
 )
 from dispatcher.fleet import FleetView, read_fleet
+from dispatcher.grouping import group_sends, units_id
 from dispatcher.jobs import (
     BACKENDS,
     EnqueueError,
@@ -36,6 +38,7 @@ from dispatcher.jobs import (
     JobResult,
     JobTimeoutError,
     PathStep,
+    Priority,
     Selection,
     UnknownBackendError,
     check_context,
@@ -123,6 +126,9 @@ class Client:
         )
         self._fleet: tuple[float, FleetView] | None = None
         self.profile = profiles.load() if self.policy.policy == "profile" else None
+        self.group_jobs = cfg.celery.group_jobs  # jobs per message at most (dispatcher.grouping)
+        self.group_backends = cfg.celery.group_backends
+        self.levels = {p.value: self.priorities.level(p.value) for p in Priority}
 
     @cached_property
     def batches(self) -> Batches:
@@ -258,38 +264,67 @@ class Client:
         return {"model": job.model, "backend": sel.backend, "queue": sel.queue, "submitted_at": job.submitted_at}
 
     def _claim_in_push(
-        self, pairs: list[tuple[GenerationJob, Selection]], producer: Any, fleet: FleetView | None
+        self,
+        pairs: list[tuple[GenerationJob, Selection]],
+        producer: Any,
+        fleet: FleetView | None,
+        group_jobs: int | None = None,
     ) -> tuple[list[tuple[GenerationJob, Selection]], list[tuple[GenerationJob, Selection]]]:
-        """Each job's record claim and its decision's premise run in its message's push
-        (the Redis broker: one script per job, all in one round trip), so neither costs a
+        """Each message's record claims and its decision's premise run in its push (the
+        Redis broker: one script per message, all in one round trip), so neither costs a
         round trip of its own, and a record exists exactly where a message was pushed,
-        also when some pushes fail. Returns (the jobs sent, those whose fleet changed)."""
+        also when some pushes fail. Jobs of one queue may share a message
+        (dispatcher.grouping; ``group_jobs``: at most this many, the config's if None).
+        Returns (the jobs sent, those whose fleet changed)."""
         channel = producer.channel
         premise, epoch = fleet.premise() if fleet is not None else ([keys.FLEET_EPOCH], "")
-        ids = [job.id for job, _ in pairs]
+        units = group_sends(pairs, fleet, group_jobs or self.group_jobs, self.group_backends, self.levels)
+        unit_ids = [units_id(unit) for unit in units]
         try:
-            for job, sel in pairs:
-                record, args = self.store.claim_call(job.id, self._record_fields(job, sel))
-                channel.guard_push(job.id, PushGuard(JobStore.CLAIM_AND_PUSH, [*record, *premise], [epoch, *args]))
-                self._enqueue(job, sel, producer, declare=[])
+            for unit_id, unit in zip(unit_ids, units):
+                channel.guard_push(unit_id, self._claim_guard(unit, premise, epoch))
+                if len(unit) == 1:
+                    self._enqueue(*unit[0], producer, declare=[])
+                else:
+                    self._enqueue_group(unit_id, unit, producer)
             replies = channel.push_held()
         finally:
-            unused = channel.drop_guards(ids)
+            unused = channel.drop_guards(unit_ids)
         if unused:  # published without its guard's script: kombu changed how it pushes
-            raise RuntimeError(f"jobs {unused} were published without their record claim")
-        failed = {job_id: str(reply) for job_id, reply in replies if isinstance(reply, Exception)}
+            raise RuntimeError(f"messages {unused} were published without their record claim")
+        reply_of = dict(replies)
+        failed = {
+            job.id: str(reply_of[unit_id])
+            for unit_id, unit in zip(unit_ids, units)
+            if isinstance(reply_of.get(unit_id), Exception)
+            for job, _ in unit
+        }
         if failed:
-            sent = [job_id for job_id, reply in replies if reply == 1]
+            sent = [job.id for unit_id, unit in zip(unit_ids, units) if reply_of.get(unit_id) == 1 for job, _ in unit]
             raise EnqueueError(
                 f"{len(failed)} of {len(pairs)} jobs were not enqueued ({next(iter(failed.values()))}); "
                 "the others were: submit the same ids again to send only the missing ones",
                 {"sent": sent, "not_sent": failed},
             )
-        outcome = [reply for _, reply in replies]
-        return (
-            [pair for pair, reply in zip(pairs, outcome) if reply == 1],
-            [pair for pair, reply in zip(pairs, outcome) if reply == -1],
-        )
+        sent_pairs, changed, known = [], [], []
+        for unit_id, unit in zip(unit_ids, units):
+            reply = reply_of.get(unit_id)
+            (sent_pairs if reply == 1 else changed if reply == -1 else known if len(unit) > 1 else []).extend(unit)
+        if known:  # a group with an id already known: its jobs one by one, the known ones skipped
+            more_sent, more_changed = self._claim_in_push(known, producer, fleet, group_jobs=1)
+            sent_pairs += more_sent
+            changed += more_changed
+        return sent_pairs, changed
+
+    def _claim_guard(self, unit: list[tuple[GenerationJob, Selection]], premise: list[str], epoch: str) -> PushGuard:
+        """The push guard of one message: one job's claim, or a group's (all or none)."""
+        if len(unit) == 1:
+            job, sel = unit[0]
+            record, args = self.store.claim_call(job.id, self._record_fields(job, sel))
+            return PushGuard(JobStore.CLAIM_AND_PUSH, [*record, *premise], [epoch, *args])
+        records = [(job.id, self._record_fields(job, sel)) for job, sel in unit]
+        group_keys, args = self.store.group_claim_call(records, premise, epoch)
+        return PushGuard(JobStore.CLAIM_GROUP_AND_PUSH, group_keys, args)
 
     def _claim_then_publish(
         self, pairs: list[tuple[GenerationJob, Selection]], producer: Any, resume: bool
@@ -322,6 +357,25 @@ class Client:
         with self.app.producer_or_acquire() as producer:
             for job, sel in pairs:
                 self._enqueue(job, sel, producer)
+
+    def _enqueue_group(self, group_id: str, unit: list[tuple[GenerationJob, Selection]], producer: Any) -> None:
+        """Publish one message for jobs of one queue and priority (dispatcher.grouping).
+        Its header lists their ids: the worker's broker bookkeeping counts and records
+        each job (dispatcher.broker_transport.GROUP_HEADER) without parsing the body."""
+        job, sel = unit[0]
+        self.app.send_task(
+            GENERATE_GROUP_TASK,
+            args=[[j.model_dump(mode="json"), s.model_dump(mode="json")] for j, s in unit],
+            task_id=group_id,
+            queue=sel.queue,
+            priority=message_priority(self.app, self.priorities.level(job.priority.value)),
+            ignore_result=True,
+            argsrepr=f"{len(unit)} jobs: model={job.model} backend={sel.backend}",
+            kwargsrepr="{}",
+            headers={GROUP_HEADER: [j.id for j, _ in unit]},
+            producer=producer,
+            declare=[],
+        )
 
     def _enqueue(
         self, job: GenerationJob, sel: Selection, producer: Any = None, declare: list[Any] | None = None

@@ -109,6 +109,8 @@ class CelerySettings(Section):
     job_time_limit_s: float
     result_expires_s: int
     prefetch_multiplier: int
+    group_jobs: int = Field(ge=1)  # jobs per message at most (ib.generate_group); 1: one each
+    group_backends: list[str]
 
 
 class HeartbeatSettings(Section):

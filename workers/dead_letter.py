@@ -17,6 +17,7 @@ from celery.worker.consumer import Consumer
 from pydantic import BaseModel, ValidationError
 
 from dispatcher.batch.records import job_error_record
+from dispatcher.celery_app import GENERATE_GROUP_TASK
 from dispatcher.jobs import GenerationJob, InvalidMessageError, Selection
 from dispatcher.store import keys
 from dispatcher.store.dead_letters import DeadLetter, DeadLetters, letter_from_message
@@ -65,6 +66,22 @@ def parse_arguments(args: tuple, kwargs: dict) -> tuple[GenerationJob, Selection
     return _validated(GenerationJob, args[0], "job"), _validated(Selection, args[1], "selection")
 
 
+def parse_group_arguments(args: tuple, kwargs: dict) -> list[tuple[GenerationJob, Selection]]:
+    """``ib.generate_group``'s [job, selection] pairs, or InvalidMessageError naming the
+    first entry that is wrong (a group is sent by one client: one bad entry, all suspect)."""
+    if kwargs or not args:
+        raise InvalidMessageError(
+            f"ib.generate_group takes [job, selection] pairs; got {len(args)} argument(s), keywords {sorted(kwargs)}"
+        )
+    items = []
+    for i, pair in enumerate(args):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise InvalidMessageError(f"ib.generate_group: entry {i} is not a [job, selection] pair")
+        job = _validated(GenerationJob, pair[0], f"[{i}].job")
+        items.append((job, _validated(Selection, pair[1], f"[{i}].selection")))
+    return items
+
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -78,9 +95,9 @@ def _validated(model: type[M], data: object, name: str) -> M:
 
 def dead_letter_task(
     letters: DeadLetters, store: JobStore, request: Any, args: tuple, kwargs: dict, exc: InvalidMessageError
-) -> str | None:
-    """Keep a task whose arguments did not validate, and fail its job (and batch line).
-    Returns the id of the job it failed, if any."""
+) -> list[str]:
+    """Keep a task whose arguments did not validate, and fail its jobs (and batch lines):
+    a group message's every job whose id is readable. Returns the ids of the jobs failed."""
     info = getattr(request, "delivery_info", None) or {}
     letter = DeadLetter(
         reason="invalid_arguments",
@@ -93,14 +110,25 @@ def dead_letter_task(
         priority=info.get("priority"),
     )
     letters.add(letter)
-    log.error("dead letter %s (invalid_arguments, job %s): %s", letter.id, letter.task_id, exc.message[:200])
-    job = args[0] if args and isinstance(args[0], dict) else {}
-    job_id = job.get("id") if isinstance(job.get("id"), str) else letter.task_id
-    if not (job_id and store.r.exists(keys.job(job_id))):
-        return None
+    log.error("dead letter %s (invalid_arguments, task %s): %s", letter.id, letter.task_id, exc.message[:200])
     error = InvalidMessageError(f"{exc.message} (dead letter {letter.id})", {"dead_letter": letter.id})
-    store.finish(job_id, "failed", error.to_dict(), line=_batch_line(job, job_id, error))
-    return job_id
+    failed = []
+    for job, job_id in _named_jobs(request, args, letter.task_id):
+        if store.r.exists(keys.job(job_id)):
+            store.finish(job_id, "failed", error.to_dict(), line=_batch_line(job, job_id, error))
+            failed.append(job_id)
+    return failed
+
+
+def _named_jobs(request: Any, args: tuple, task_id: str | None) -> list[tuple[dict, str]]:
+    """(job fields as sent, job id) for each job a bad message names: a group's entries,
+    else its one job (whose id is the task's if the fields lack it)."""
+    if getattr(request, "task", None) == GENERATE_GROUP_TASK:
+        jobs = [pair[0] for pair in args if isinstance(pair, list) and pair and isinstance(pair[0], dict)]
+        return [(job, job["id"]) for job in jobs if isinstance(job.get("id"), str)]
+    job = args[0] if args and isinstance(args[0], dict) else {}
+    job_id = job.get("id") if isinstance(job.get("id"), str) else task_id
+    return [(job, job_id)] if job_id else []
 
 
 def _batch_line(job: dict, job_id: str, error: InvalidMessageError) -> LineRecord | None:

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.5  # a failed write is tried again this often
 
-Change = tuple[str, str | None]  # (task id, delivery tag; None: the task ended)
+Change = tuple[str, str | None]  # (job id, delivery tag; None: the job's message ended)
 
 
 class InflightLedger:
@@ -48,12 +48,18 @@ class InflightLedger:
         self._pending: list[Change] = []
         self._cond = threading.Condition()
         self._writing = False
-        self._writing_removals: frozenset[str] = frozenset()  # task ids the write in progress drops
+        self._writing_removals: frozenset[str] = frozenset()  # job ids the write in progress drops
+        # A group message's task id -> the job ids it carries: each job is an entry of
+        # the hash (its size is the worker's load in jobs; the reaper releases each job),
+        # all with the message's delivery tag.
+        self._members: dict[str, list[str]] = {}
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="inflight-ledger", daemon=True)
         self._thread.start()
 
-    def record(self, pipe: redis.client.Pipeline, task_id: str, delivery_tag: str) -> None:
+    def record(
+        self, pipe: redis.client.Pipeline, task_id: str, delivery_tag: str, members: list[str] | None = None
+    ) -> None:
         """A taken message's record, added to a pipeline of the broker's own: the Redis
         transport's unacked write (dispatcher.broker_transport.record_taken), which lands
         it before the task can start and without waking this ledger's thread.
@@ -61,19 +67,35 @@ class InflightLedger:
         A removal of the same task id still queued here would land after it and delete it:
         it is dropped (the record replaces the entry it would remove), and one already
         being written is waited for (at most ``retry_s``: the broker is failing then, and
-        the caller's own write with it)."""
-        with self._cond:
-            if self._pending and any(t == task_id for t, _ in self._pending):
-                self._pending = [c for c in self._pending if c[0] != task_id]
-            if task_id in self._writing_removals:
-                self._cond.wait_for(lambda: task_id not in self._writing_removals, self.retry_s)
-        pipe.hset(self.key, task_id, delivery_tag)
+        the caller's own write with it).
 
-    def add(self, task_id: str, delivery_tag: str) -> None:
-        self._queue((task_id, delivery_tag))
+        ``members``: the job ids of a group message, recorded one entry each."""
+        ids = self._entries(task_id, members)
+        with self._cond:
+            if self._pending and any(t in ids for t, _ in self._pending):
+                self._pending = [c for c in self._pending if c[0] not in ids]
+            if self._writing_removals.intersection(ids):
+                self._cond.wait_for(lambda: not self._writing_removals.intersection(ids), self.retry_s)
+        pipe.hset(self.key, mapping=dict.fromkeys(ids, delivery_tag))
+
+    def add(self, task_id: str, delivery_tag: str, members: list[str] | None = None) -> None:
+        for job_id in self._entries(task_id, members):
+            self._queue((job_id, delivery_tag))
 
     def remove(self, task_id: str) -> None:
-        self._queue((task_id, None))
+        with self._cond:
+            ids = self._members.pop(task_id, None) or [task_id]
+        for job_id in ids:
+            self._queue((job_id, None))
+
+    def _entries(self, task_id: str, members: list[str] | None) -> list[str]:
+        """The hash's entries for a message: its task id, or a group's job ids (kept
+        until the message ends, so ``remove`` drops them all)."""
+        if not members:
+            return [task_id]
+        with self._cond:
+            self._members[task_id] = members
+        return members
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every change queued so far is in Redis (False: not within ``timeout``).

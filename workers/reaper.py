@@ -25,6 +25,7 @@ import redis
 from celery import Celery
 
 from dispatcher import connection, settings
+from dispatcher.broker_transport import GROUP_HEADER
 from dispatcher.celery_app import QUEUE_PREFIX, priority_queue_names
 from dispatcher.store import keys
 from dispatcher.store.hints import PrefixHints
@@ -70,24 +71,29 @@ def settle_tags(client: redis.Redis, app: Celery, tags: list[str]) -> tuple[list
     answered from its record. Only this fleet's messages (queues ``ib.*``) are touched: a
     shared Redis database may hold other Celery apps' unacked messages. Returns
     (restored, dropped) tags."""
+    tags = list(dict.fromkeys(tags))  # a group message's tag is recorded once per job
     if not tags or not connection.is_redis_broker(app.conf.broker_url):
         return [], []
     with app.connection_for_write() as conn:
         channel = conn.default_channel
         unacked_key, index_key = channel.unacked_key, channel.unacked_index_key
-    ours: list[tuple[str, str | None]] = []
+    ours: list[tuple[str, list[str]]] = []  # (tag, the job ids its message carries)
     for tag, raw in zip(tags, client.hmget(unacked_key, tags)):
         if raw is None:
             continue  # acked or restored meanwhile
         message, _exchange, routing_key = json.loads(raw)
         if str(routing_key).startswith(QUEUE_PREFIX):
-            ours.append((tag, (message.get("headers") or {}).get("id")))
+            headers = message.get("headers") or {}
+            members = headers.get(GROUP_HEADER)
+            ours.append((tag, members if isinstance(members, list) and members else [headers.get("id") or "-"]))
     pipe = client.pipeline(transaction=False)
-    for _, job_id in ours:
-        pipe.hget(keys.job(job_id or "-"), "final")
-    finals = pipe.execute()
-    dropped = [tag for (tag, _), final in zip(ours, finals) if final is not None]
-    restored = [tag for (tag, _), final in zip(ours, finals) if final is None]
+    for _, job_ids in ours:
+        for job_id in job_ids:
+            pipe.hget(keys.job(str(job_id)), "final")
+    answers = iter(pipe.execute())
+    finished = [all([next(answers) is not None for _ in job_ids]) for _, job_ids in ours]  # [...]: each read
+    dropped = [tag for (tag, _), done in zip(ours, finished) if done]
+    restored = [tag for (tag, _), done in zip(ours, finished) if not done]
     if dropped:
         pipe = client.pipeline(transaction=True)
         pipe.zrem(index_key, *dropped)

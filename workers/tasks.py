@@ -19,7 +19,7 @@ from celery import Celery
 from celery.signals import task_postrun, task_received
 
 from dispatcher.batch.records import line_record
-from dispatcher.broker_transport import taken_recorded
+from dispatcher.broker_transport import group_members, taken_recorded
 from dispatcher.celery_app import GENERATE_TASK
 from dispatcher.jobs import (
     EngineError,
@@ -97,12 +97,12 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
             out = rt.engine.generate(job, timeout=rt.time_limit_s, on_text=on_text)
         status = "cancelled" if out.finish_reason == "cancelled" else "completed"
     except JobError as exc:
-        _record_failure(rt, job, exc)
+        record_failure(rt, job, exc)
         raise
     except Exception as exc:  # any engine bug becomes the job's typed failure
         log.exception("job %s: engine failure", job.id)
         err = EngineError(f"{type(exc).__name__}: {exc}", {"backend": rt.engine.backend})
-        _record_failure(rt, job, err)
+        record_failure(rt, job, err)
         raise err from None
     finally:
         rt.cancels.unwatch(job.id)
@@ -158,7 +158,7 @@ def build_result(
     )
 
 
-def _record_failure(rt: Runtime, job: GenerationJob, exc: JobError) -> None:
+def record_failure(rt: Runtime, job: GenerationJob, exc: JobError) -> None:
     if rt.metrics is not None:
         rt.metrics.observe_failure()
     line = line_record(job, exc)
@@ -194,9 +194,9 @@ def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
             job, selection = parse_arguments(args, kwargs)
         except InvalidMessageError as exc:
             if rt.dead_letters is not None:
-                failed = dead_letter_task(rt.dead_letters, rt.store, task.request, args, kwargs, exc)
-                if failed and rt.streams is not None:
-                    rt.streams.end(failed, "failed")  # a reader of its stream stops waiting
+                for failed in dead_letter_task(rt.dead_letters, rt.store, task.request, args, kwargs, exc):
+                    if rt.streams is not None:
+                        rt.streams.end(failed, "failed")  # a reader of its stream stops waiting
             raise
         payload = run_job(rt, job, selection)
         return payload if show_text else event_summary(payload)
@@ -211,7 +211,7 @@ def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
         # The Redis transport wrote it already, with the message's unacked write; otherwise
         # it is queued, written off this (the consumer's) thread.
         if request is not None and not taken_recorded(request.message):
-            rt.inflight.add(request.id, request.message.delivery_tag)
+            rt.inflight.add(request.id, request.message.delivery_tag, group_members(request.message))
 
     @task_postrun.connect(weak=False)
     def _done(task_id: str | None = None, **_: object) -> None:

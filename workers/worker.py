@@ -34,7 +34,7 @@ from dispatcher.store.dead_letters import DeadLetters
 from dispatcher.store.hints import PrefixHints
 from dispatcher.store.jobstore import JobStore
 from dispatcher.store.streams import StreamPublisher
-from workers import hardware, metrics, reaper, reconnect, tasks
+from workers import group, hardware, metrics, reaper, reconnect, tasks
 from workers.cancel_watch import CancelWatcher
 from workers.dead_letter import consumer_class
 from workers.engines import create_engine
@@ -164,6 +164,7 @@ def run_worker(
     # ledger's thread still removes them, and records them on any other broker.
     broker_transport.record_taken(runtime.inflight.record)
     tasks.register(app, runtime, show_text=cfg.flower.show_text)
+    group.register(app, runtime)
     app.conf.worker_consumer = consumer_class(letters)  # undecodable messages are kept, not dropped
     reconnect.install(app, runtime)
     beat = Heartbeat(

@@ -81,6 +81,43 @@ class JobStore:
         + "redis.call('LPUSH', KEYS[1], ARGV[1])\nreturn 1"
     )
 
+    # A group's claim and its one message's push (ib.generate_group): every record is
+    # created, or none when any id is known already (the client then sends the group's
+    # jobs one by one, where a known id is skipped), and the message is pushed only then.
+    # KEYS[1]: the queue's list, KEYS[2]: the fleet epoch's key, KEYS[3..2+ARGV[3]]: the
+    # view's heartbeat keys, then the records; ARGV[1]: the message, ARGV[2]: the epoch
+    # ('' for none), ARGV[4]: the TTL, then per record its field count and its fields.
+    # Replies as CLAIM_AND_PUSH: 1 pushed, 0 an id known, -1 the fleet changed.
+    CLAIM_GROUP_AND_PUSH = """
+    local first = 3 + tonumber(ARGV[3])
+    if ARGV[2] ~= '' then
+        if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[2] then return -1 end
+        for i = 3, first - 1 do if redis.call('EXISTS', KEYS[i]) == 0 then return -1 end end
+    end
+    for i = first, #KEYS do if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end end
+    local a = 5
+    for i = first, #KEYS do
+        local n = tonumber(ARGV[a])
+        redis.call('HSET', KEYS[i], 'status', 'queued')
+        for j = a + 1, a + 2 * n, 2 do redis.call('HSET', KEYS[i], ARGV[j], ARGV[j + 1]) end
+        redis.call('EXPIRE', KEYS[i], ARGV[4])
+        a = a + 1 + 2 * n
+    end
+    redis.call('LPUSH', KEYS[1], ARGV[1])
+    return 1
+    """
+
+    def group_claim_call(
+        self, records: list[tuple[str, dict[str, Any]]], premise: list[str], epoch: str
+    ) -> tuple[list[str], list[Any]]:
+        """CLAIM_GROUP_AND_PUSH's keys and arguments past the queue and the message: the
+        premise (the epoch's key then heartbeat keys, as ``FleetView.premise``), then the
+        records ((job id, submit-time fields), in order)."""
+        args: list[Any] = [epoch, len(premise) - 1, self.ttl_s]
+        for _, fields in records:
+            args += [len(fields), *(x for k, v in fields.items() for x in (k, _enc(v)))]
+        return [*premise, *(keys.job(job_id) for job_id, _ in records)], args
+
     def claim_call(self, job_id: str, fields: dict[str, Any]) -> tuple[list[str], list[Any]]:
         """The claim's keys and arguments for one job (the record, then its TTL and fields)."""
         return [keys.job(job_id)], [self.ttl_s, *(x for k, v in fields.items() for x in (k, _enc(v)))]
@@ -130,14 +167,24 @@ class JobStore:
     def begin(self, job_id: str, worker: str, scope: str | None = None, running_here: bool = False) -> Begin:
         """``scope``: a batch id whose cancel flag cancels this job too. ``running_here``:
         this process is running the job already (so this delivery is a duplicate)."""
+        names, args = self._begin_call(job_id, worker, scope, running_here)
+        return _begin_of(self._begin(keys=names, args=args))
+
+    def begin_many(self, starts: list[tuple[str, str | None, bool]], worker: str) -> list[Begin]:
+        """``begin`` for the jobs of one message ((job id, scope, running here), in order),
+        in one round trip. By EVAL: a pipeline holding a registered script asks SCRIPT
+        EXISTS first, a round trip of its own (Redis compiles the text once and keeps it)."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, scope, running_here in starts:
+            names, args = self._begin_call(job_id, worker, scope, running_here)
+            pipe.eval(self._BEGIN, len(names), *names, *args)
+        return [_begin_of(out) for out in pipe.execute()]
+
+    def _begin_call(
+        self, job_id: str, worker: str, scope: str | None, running_here: bool
+    ) -> tuple[list[str], list[Any]]:
         names = [keys.job(job_id), keys.cancel(job_id), keys.cancel(scope or job_id)]
-        args = [worker, time.time(), self.ttl_s, int(running_here), keys.worker("")]
-        out = self._begin(keys=names, args=args)
-        if len(out) == 4:
-            return Begin(attempt=0, cancelled=False, final=(out[2].decode(), json.loads(out[3]) if out[3] else {}))
-        if int(out[0]) == -1:
-            return Begin(attempt=0, cancelled=False, running_on=out[1].decode())
-        return Begin(attempt=int(out[0]), cancelled=bool(out[1]))
+        return names, [worker, time.time(), self.ttl_s, int(running_here), keys.worker("")]
 
     # HSETNX decides who finishes; the rest of the write happens in the same script, so
     # a reader never sees ``final`` without its result. A batch line's record is written
@@ -167,14 +214,29 @@ class JobStore:
     def finish(self, job_id: str, status: JobStatus, payload: dict[str, Any], line: LineRecord | None = None) -> bool:
         """Write the final outcome if none exists yet; False means another run already did.
         ``line``: the batch line this job answers, recorded with it."""
+        names, args = self._finish_call(job_id, status, payload, line)
+        script = self._finish if line is None else self._finish_with_line
+        return bool(script(keys=names, args=args))
+
+    def finish_many(self, outcomes: list[tuple[str, JobStatus, dict[str, Any], LineRecord | None]]) -> list[bool]:
+        """``finish`` for jobs that ended together ((job id, status, payload, line), in
+        order), in one round trip (by EVAL, as ``begin_many``)."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, status, payload, line in outcomes:
+            names, args = self._finish_call(job_id, status, payload, line)
+            pipe.eval(self._FINISH if line is None else self._FINISH_WITH_LINE, len(names), *names, *args)
+        return [bool(done) for done in pipe.execute()]
+
+    def _finish_call(
+        self, job_id: str, status: JobStatus, payload: dict[str, Any], line: LineRecord | None
+    ) -> tuple[list[str], list[Any]]:
         field = "error" if status == "failed" else "result"
-        args = [status, field, json.dumps(payload), time.time(), self.ttl_s]
+        args: list[Any] = [status, field, json.dumps(payload), time.time(), self.ttl_s]
         names = [keys.job(job_id), keys.done(job_id)]
-        if line is None:
-            return bool(self._finish(keys=names, args=args))
-        names += line_keys(line.batch_id)
-        args += [line.batch_id, line.line, json.dumps(line.record), line.kind, line.tokens, line.prompt_tokens]
-        return bool(self._finish_with_line(keys=names, args=args))
+        if line is not None:
+            names += line_keys(line.batch_id)
+            args += [line.batch_id, line.line, json.dumps(line.record), line.kind, line.tokens, line.prompt_tokens]
+        return names, args
 
     def final(self, job_id: str) -> tuple[str, dict[str, Any]] | None:
         """(status, result-or-error) if the job has finished."""
@@ -278,6 +340,15 @@ def _wake_then_read(pipe: Any, job_id: str, timeout: float) -> None:
     done = keys.done(job_id)
     pipe.blmove(done, done, max(timeout, 0.01), "LEFT", "RIGHT")
     pipe.hmget(keys.job(job_id), "final", "result", "error")
+
+
+def _begin_of(out: list[Any]) -> Begin:
+    """The begin script's reply as a Begin."""
+    if len(out) == 4:
+        return Begin(attempt=0, cancelled=False, final=(out[2].decode(), json.loads(out[3]) if out[3] else {}))
+    if int(out[0]) == -1:
+        return Begin(attempt=0, cancelled=False, running_on=out[1].decode())
+    return Begin(attempt=int(out[0]), cancelled=bool(out[1]))
 
 
 def _final(values: list[bytes | None]) -> tuple[str, dict[str, Any]] | None:

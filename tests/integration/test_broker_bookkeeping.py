@@ -189,3 +189,37 @@ def test_a_taken_task_message_is_recorded_in_its_own_unacked_write(url):
     finally:
         broker_transport.record_taken(None)
         ledger.close()
+
+
+def test_a_group_message_is_recorded_and_counted_as_its_jobs(url):
+    """A group message (ib.generate_group) holds one in-flight entry per job, each with the
+    message's tag (the hash's size is the worker's load; the reaper releases each job),
+    and as many prefetch slots as it carries jobs until it is acked; its end drops every
+    entry."""
+    r = redis.Redis.from_url(url)
+    broker_transport.install()
+    ledger = InflightLedger(r, "w5")
+    broker_transport.record_taken(ledger.record)
+    try:
+        with Connection(url) as conn:
+            queue = conn.SimpleQueue("ib.test-group")
+            queue.put({"n": 1}, headers={"id": "group-1", broker_transport.GROUP_HEADER: ["j1", "j2", "j3"]})
+            queue.put({"n": 2}, headers={"id": "single-1"})
+            qos = queue.channel.qos
+            qos.prefetch_count = 4
+            group = queue.get(timeout=5)
+            assert r.hgetall(keys.inflight("w5")) == dict.fromkeys([b"j1", b"j2", b"j3"], group.delivery_tag.encode())
+            assert qos.held_jobs() == 3 and qos.can_consume()
+            single = queue.get(timeout=5)
+            assert qos.held_jobs() == 4 and not qos.can_consume()  # 2 messages, 4 jobs: full
+            assert qos.can_consume_max_estimate() == 0
+            group.ack()
+            assert qos.held_jobs() == 1 and qos.can_consume()
+            ledger.remove("group-1")  # the group's task ended: all its entries go
+            assert ledger.flush(timeout=5)
+            assert r.hgetall(keys.inflight("w5")) == {b"single-1": single.delivery_tag.encode()}
+            single.ack()
+            queue.close()
+    finally:
+        broker_transport.record_taken(None)
+        ledger.close()

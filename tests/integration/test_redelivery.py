@@ -216,6 +216,44 @@ def test_the_unacked_sweep_drops_finished_jobs_and_leaves_other_apps_messages_al
         assert r.hkeys("unacked") == [b"foreign-tag"]  # only the other app's message is left
 
 
+def test_the_unacked_sweep_drops_a_group_only_when_all_its_jobs_finished(redis_url):
+    """A group message (ib.generate_group) nobody holds goes back to its queue while any of
+    its jobs is unfinished (the next delivery runs only those), and is dropped once every
+    one of them has its outcome."""
+    import json
+    import uuid
+
+    from dispatcher.client import Client
+    from dispatcher.jobs import GenerationJob, Selection
+    from workers import reaper
+
+    with own_database(redis_url, 12) as url, Client(url) as client:
+        own = f"ib.vllm.sweep-{uuid.uuid4().hex[:6]}"
+        jobs = [GenerationJob(model="smollm2-135m", prompt=f"p{i}", backend="vllm") for i in range(4)]
+        sel = client.decide(jobs[0], client.workers())
+        sel = Selection(**{**sel.model_dump(), "queue": own, "backend": "vllm"})
+        client.enqueue([(j, sel) for j in jobs])  # vLLM jobs of one queue: one group message
+        r = client.redis
+
+        def waiting() -> list[list[str]]:
+            return [json.loads(m)["headers"]["ib_jobs"] for q in r.scan_iter(f"{own}*") for m in r.lrange(q, 0, -1)]
+
+        groups = waiting()
+        assert sorted(len(g) for g in groups) == [4]
+        assert len(take_and_die(url, own, 1)) == 1
+        assert waiting() == [] and r.hlen("unacked") == 1
+        for job in jobs[:3]:
+            client.store.finish(job.id, "completed", {"id": job.id})
+        r.delete(keys.UNTRACKED_SWEEP)
+        assert len(reaper.sweep_untracked(r, client.app, "sweeper", min_age_s=0.001)) == 1
+        assert waiting() == groups  # one job unfinished: the whole message is back
+        assert len(take_and_die(url, own, 1)) == 1
+        client.store.finish(jobs[3].id, "completed", {"id": jobs[3].id})
+        r.delete(keys.UNTRACKED_SWEEP)
+        assert reaper.sweep_untracked(r, client.app, "sweeper", min_age_s=0.001) == []
+        assert waiting() == [] and r.hlen("unacked") == 0  # all finished: dropped, not delivered
+
+
 def test_a_duplicate_delivery_waits_for_the_live_run_and_takes_over_only_if_its_worker_dies(client, redis_url):
     """A second delivery of a job that runs on a live worker (a visibility-timeout restore,
     a peer wrongly thought dead) must not start the engine again: it waits for the first

@@ -155,15 +155,7 @@ class Engine(ABC, Generic[SpecT]):
         """Run one job to completion (blocking the calling task thread); past ``timeout``
         the job is dropped from the engine and JobTimeoutError raised. ``on_text`` gets
         the text as it is generated, in deltas."""
-        prompt_ids = self.encode(job)
-        self.check_context(job, prompt_ids)
-        request = EngineRequest(
-            job_id=job.id,
-            prompt_ids=prompt_ids,
-            sampling=job.sampling,
-            on_text=on_text,
-            speculative=self.speculative_for(job),
-        )
+        request = self.request_for(job, on_text)
         with self.counted_in_flight():
             self.submit(request)
             try:
@@ -173,6 +165,39 @@ class Engine(ABC, Generic[SpecT]):
                 raise JobTimeoutError(
                     f"job {job.id} exceeded the {timeout:g} s time limit", {"time_limit_s": timeout}
                 ) from None
+
+    def request_for(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
+        """The job as the scheduler's request: its prompt encoded and checked against the
+        window (JobError if it does not fit)."""
+        prompt_ids = self.encode(job)
+        self.check_context(job, prompt_ids)
+        return EngineRequest(
+            job_id=job.id,
+            prompt_ids=prompt_ids,
+            sampling=job.sampling,
+            on_text=on_text,
+            speculative=self.speculative_for(job),
+        )
+
+    def start(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
+        """Hand one job to the scheduler without waiting for it (the jobs of a group
+        message start together: workers.group). It counts as in flight until its future
+        completes; the caller waits on ``request.future`` and sets ``aborted`` to give up."""
+        request = self.request_for(job, on_text)
+        with self._lock:
+            self._in_flight += 1
+        request.future.add_done_callback(self._ended)
+        try:
+            self.submit(request)
+        except BaseException as exc:
+            if not request.future.done():
+                request.future.set_exception(exc)
+            raise
+        return request
+
+    def _ended(self, _future: Any) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     @contextmanager
     def counted_in_flight(self) -> Iterator[None]:

@@ -1,0 +1,199 @@
+"""Group messages (``ib.generate_group``, dispatcher.grouping) on a real Redis, real Celery
+publishing and a real llama.cpp worker: jobs of one queue travel several to a message,
+and each job is still its own (its record, answer, cancel, failure, exactly-once
+outcome), also when the worker holding the group dies halfway.
+
+The client here groups llama.cpp's jobs (the fleet's default groups vLLM's only): its
+worker starts in seconds and runs 8 jobs at once, where a vLLM worker takes a minute."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from conftest import own_database, start_worker, wait_for
+from dispatcher.broker_transport import GROUP_HEADER
+from dispatcher.celery_app import GENERATE_GROUP_TASK
+from dispatcher.client import Client
+from dispatcher.fleet import HardwareInfo, WorkerInfo
+from dispatcher.jobs import InvalidMessageError
+from dispatcher.store import keys
+from dispatcher.store.dead_letters import DeadLetters
+from workers.heartbeat import Heartbeat
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m"
+
+
+def job(text: str, max_tokens: int = 12, **extra: object) -> dict:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "sampling": {"max_tokens": max_tokens},
+        "backend": "llamacpp",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def grouping_env() -> Iterator[None]:
+    """Clients made meanwhile group llama.cpp's jobs, 4 to a message at most."""
+    env = pytest.MonkeyPatch()
+    env.setenv("IB_CELERY_GROUP_BACKENDS", '["llamacpp"]')
+    env.setenv("IB_CELERY_GROUP_JOBS", "4")
+    yield
+    env.undo()
+
+
+@contextlib.contextmanager
+def grouping_client(redis_url: str, db: int) -> Iterator[Client]:
+    """A grouping client on a database of its own (no other test's worker takes its messages)."""
+    with own_database(redis_url, db) as url, Client(url) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_url, grouping_env, hf_dir):
+    """A grouping client and one llama.cpp worker (2 threads) on database 10."""
+    with grouping_client(redis_url, 10) as c:
+        w = start_worker(_url(redis_url, 10), "llamacpp", extra_args=["--threads=2"])
+        yield c, w
+        w.kill()
+
+
+def _url(redis_url: str, db: int) -> str:
+    return f"{redis_url.rpartition('/')[0]}/{db}"
+
+
+def beating(r: redis.Redis, worker_id: str) -> Heartbeat:
+    """A live llama.cpp worker's heartbeat (the workers' own code), with no process behind it."""
+    info = WorkerInfo(
+        worker_id=worker_id,
+        backend="llamacpp",
+        hostname="h",
+        pid=1,
+        hardware=HardwareInfo(kind="cpu", cpu_cores=2, ram_gb=8),
+        models=[MODEL],
+        queues=["ib.llamacpp"],
+        started_at=time.time(),
+    )
+    beat = Heartbeat(r, info, in_flight=lambda: 0, interval_s=3, ttl_s=60)
+    beat.beat()
+    return beat
+
+
+def queued_messages(r: redis.Redis) -> list[dict]:
+    return [json.loads(m) for k in r.scan_iter("ib.llamacpp*") if r.type(k) == b"list" for m in r.lrange(k, 0, -1)]
+
+
+def test_a_queue_gets_one_message_per_group_split_over_its_live_readers(redis_url, grouping_env, hf_dir):
+    with grouping_client(redis_url, 7) as c:
+        beating(c.redis, "llamacpp-a")
+        handles = c.submit_many([job(f"Question {i}?") for i in range(6)])
+        groups = [m["headers"][GROUP_HEADER] for m in queued_messages(c.redis)]
+        assert sorted(map(len, groups)) == [2, 4]  # one reader: 4 at most, in send order
+        assert sorted(i for g in groups for i in g) == sorted(h.id for h in handles)
+        assert all(c.status(h.id) == "queued" for h in handles)  # each job has its record
+        for message in queued_messages(c.redis):  # the body: a [job, selection] pair per listed id
+            args, _, _ = json.loads(base64.b64decode(message["body"]))
+            assert [entry["id"] for entry, _ in args] == message["headers"][GROUP_HEADER]
+
+        beating(c.redis, "llamacpp-b")  # a second reader: 6 jobs as 3 + 3, not 4 + 2
+        c.redis.delete(*[k for k in c.redis.scan_iter("ib.llamacpp*") if c.redis.type(k) == b"list"])
+        c.workers(max_age_s=0)
+        more = c.submit_many([job(f"Other {i}?") for i in range(6)])
+        assert sorted(len(m["headers"][GROUP_HEADER]) for m in queued_messages(c.redis)) == [3, 3]
+        assert len(more) == 6
+
+
+def test_a_group_whose_fleet_changed_since_the_view_is_decided_again_and_sent_once(redis_url, grouping_env, hf_dir):
+    with grouping_client(redis_url, 7) as c:
+        beating(c.redis, "llamacpp-a")
+        c.workers(max_age_s=0)  # the view the next submit decides on
+        c.redis.incr(keys.FLEET_EPOCH)  # the fleet changed since
+        handles = c.submit_many([job(f"Question {i}?") for i in range(3)])
+        groups = [m["headers"][GROUP_HEADER] for m in queued_messages(c.redis)]
+        assert sorted(i for g in groups for i in g) == sorted(h.id for h in handles)  # each once
+
+
+def test_jobs_travel_in_groups_and_each_gets_its_own_answer(fleet):
+    client, worker = fleet
+    prompts = ["What is 2 plus 2?", "Say hello in French.", "Name a river in Germany.", "Name a red fruit."]
+    singles = [client.submit(job(p, 16)).result(timeout=120) for p in prompts]
+    handles = client.submit_many([job(p, 16) for p in prompts] + [job("Count to three.", 8)] * 2)
+    results = [h.result(timeout=120) for h in handles]
+    # each job its own answer: as alone (greedy; llama.cpp's numbers drift with the batch's
+    # shape after a few tokens, so the start is compared), run once, by the worker
+    assert [x.token_ids[:4] for x in results[:4]] == [x.token_ids[:4] for x in singles]
+    assert "4" in results[0].text and "Bonjour" in results[1].text
+    assert all(x.status == "completed" and x.attempt == 1 and x.worker == worker.worker_id for x in results)
+    r = client.redis
+    assert all(r.hget(keys.job(h.id), "completions") == b"1" for h in handles)
+    held = keys.inflight(worker.worker_id)
+    wait_for(lambda: not r.hlen("unacked") and not r.hlen(held), 10, "the groups' acks and in-flight records")
+
+
+def test_a_group_with_a_known_id_sends_only_the_new_jobs(fleet):
+    client, _ = fleet
+    first = client.submit(job("Name a color.", 4))
+    first.result(timeout=120)
+    again = client.submit_many([{**job("Name a color.", 4), "id": first.id}, job("Name a fish.", 4)])
+    assert again[0].id == first.id
+    assert again[1].result(timeout=120).status == "completed"
+    assert client.redis.hget(keys.job(first.id), "attempts") == b"1"  # not sent a second time
+
+
+def test_a_cancelled_job_of_a_group_ends_cancelled_and_the_others_complete(fleet):
+    client, _ = fleet
+    handles = client.submit_many([job("Write a very long story about a lighthouse.", 600)] + [job("Say yes.", 6)] * 2)
+    wait_for(lambda: client.status(handles[0].id) == "running", 60, "the long job's start")
+    time.sleep(0.5)
+    handles[0].cancel()
+    long = handles[0].result(timeout=60)
+    assert long.status == "cancelled" and 0 < long.usage.completion_tokens < 600
+    assert all(h.result(timeout=60).status == "completed" for h in handles[1:])
+
+
+def test_a_group_message_that_does_not_validate_is_dead_lettered_and_fails_its_jobs(fleet):
+    client, _ = fleet
+    selection = client.submit(job("Say one.", 4)).selection
+    ids = ["bad-group-a", "bad-group-b"]
+    client.store.claim([(i, {"model": MODEL, "backend": "llamacpp"}) for i in ids])
+    pairs = [[{"id": i, "model": MODEL, "prompt": 5}, selection.model_dump(mode="json")] for i in ids]
+    client.app.send_task(
+        GENERATE_GROUP_TASK, args=pairs, task_id="group-bad", queue="ib.llamacpp", headers={GROUP_HEADER: ids}
+    )
+    for i in ids:
+        with pytest.raises(InvalidMessageError):
+            client.result(i, timeout=60)
+    letters = DeadLetters(client.redis).list()
+    assert any(letter.task_id == "group-bad" and "[0].job.prompt" in letter.detail for letter in letters)
+
+
+def test_a_group_of_a_killed_worker_reruns_only_its_unfinished_jobs(redis_url, grouping_env, hf_dir):
+    with grouping_client(redis_url, 6) as client:
+        first = start_worker(_url(redis_url, 6), "llamacpp", extra_args=["--threads=2"])
+        second = None
+        try:
+            short, long = client.submit_many([job("Say hi.", 4), job("Write a long poem about the sea.", 1900)])
+            assert short.result(timeout=120).worker == first.worker_id
+            wait_for(lambda: client.status(long.id) == "running", 60, "the long job's start")
+            first.kill()  # the group's message is unacked: its long job had not ended
+            second = start_worker(_url(redis_url, 6), "llamacpp", extra_args=["--threads=2"])
+            again = long.result(timeout=300)
+            assert again.worker == second.worker_id and again.attempt == 2
+            r = client.redis
+            # the finished job was answered from its record on the second delivery: not run again
+            assert r.hget(keys.job(short.id), "attempts") == b"1" and r.hget(keys.job(short.id), "completions") == b"1"
+            assert r.hget(keys.job(long.id), "completions") == b"1"
+        finally:
+            first.kill()
+            if second is not None:
+                second.kill()
