@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from dispatcher import connection, settings
 from dispatcher.batch.api import Batches
@@ -51,9 +51,18 @@ from dispatcher.routing.context import might_overflow, serving_window
 from dispatcher.routing.decision import Sent, apply_affinity, cap_affinity, decide
 from dispatcher.routing.prefix import PrefixHasher
 from dispatcher.store import keys
-from dispatcher.store.hints import PrefixHints
+from dispatcher.store.hints import Lookup, PrefixHints
 from dispatcher.store.jobstore import JobStore
 from dispatcher.store.streams import read_stream
+
+
+class _Plan(NamedTuple):
+    """A job's decision before prefix affinity: the tree's selection, the prompt's block
+    hashes where affinity applies (None: it does not), the live workers it may go to."""
+
+    selection: Selection
+    hashes: list[str] | None
+    live: list[str]
 
 
 class JobHandle:
@@ -175,6 +184,41 @@ class Client:
         for its prompt's prefix (apply_affinity: the blocks each worker holds and its
         load, read live in one Redis round trip). ``sent``: what this dispatch has sent
         so far, counted in; a job sent to a worker here is added to it."""
+        outcome = self.decide_each([job], fleet, sent)[0]
+        if isinstance(outcome, JobError):
+            raise outcome
+        return outcome
+
+    def decide_each(
+        self, jobs: list[GenerationJob], fleet: FleetView, sent: Sent | None = None
+    ) -> list[Selection | JobError]:
+        """``decide`` for the jobs of one dispatch, in order, a refused job's error in its
+        place. The prefix hints of all of them are read in one round trip (one per job
+        was 64 round trips of a 64-job submit), each worker's own queue's depth once;
+        the decisions are still made one after another, each counting the ones before
+        (``sent``): the hints in Redis change only once the dispatch has sent."""
+        sent = Sent() if sent is None else sent
+        plans: list[_Plan | JobError] = []
+        for job in jobs:
+            try:
+                plans.append(self._plan(job, fleet))
+            except JobError as exc:
+                plans.append(exc)
+        asks = [p for p in plans if isinstance(p, _Plan) and p.hashes is not None]
+        found = iter(self.hints.lookup_many([(p.hashes or [], p.live) for p in asks]) if self.hints and asks else [])
+        depths: dict[str, int] = {}  # an own queue's waiting jobs, read at its first use
+        return [
+            plan
+            if isinstance(plan, JobError)
+            else plan.selection
+            if plan.hashes is None
+            else self._affine(plan, next(found), fleet, sent, depths)
+            for plan in plans
+        ]
+
+    def _plan(self, job: GenerationJob, fleet: FleetView) -> _Plan:
+        """The tree's decision, the context check, and the prompt's block hashes where
+        prefix affinity applies (None: it does not)."""
         model = self.registry.get(job.model)
         sel = decide(job, model, fleet, self.policy, self.backends, self.profile)
         window = serving_window(model, sel.config)
@@ -182,20 +226,24 @@ class Client:
         ids = self.tokens.prompt_ids(job, model) if affinity or might_overflow(job, window) else None
         if ids is not None:  # refused here, not after a trip through a queue to a worker
             check_context(job, len(ids), window)
-        if not affinity or self.hints is None:
-            return sel
+        if not affinity:
+            return _Plan(sel, None, [])
         hashes = self.tokens.hashes(job, model, self.backends[sel.backend].prefix_block_tokens, ids=ids)
-        sent = Sent() if sent is None else sent
-        live = [w.worker_id for w in fleet.live(backend=sel.backend, model=sel.model)]
-        found = self.hints.lookup_for(hashes, live)
+        return _Plan(sel, hashes, [w.worker_id for w in fleet.live(backend=sel.backend, model=sel.model)])
+
+    def _affine(self, plan: _Plan, found: Lookup, fleet: FleetView, sent: Sent, depths: dict[str, int]) -> Selection:
+        """Prefix affinity on what the hints say (``found``) and what this dispatch sent."""
+        hashes = plan.hashes or []
         fleet = fleet.with_in_flight({w: n + sent.jobs[w] for w, n in found.in_flight.items()})
         cached = {w: n + sent.blocks[w] for w, n in found.cached.items()}
-        sel = apply_affinity(sel, hashes, found.matched, fleet, self.policy, cached)
+        sel = apply_affinity(plan.selection, hashes, found.matched, fleet, self.policy, cached)
         if sel.affinity_worker is None:
             return sel
         holder = next((w for w in fleet.workers if w.worker_id == sel.affinity_worker), None)
-        waiting = queued(self.redis, sel.queue, self.priorities.steps())
-        sel = cap_affinity(sel, waiting + sent.jobs[sel.affinity_worker], holder.capacity if holder else 1, self.policy)
+        if sel.queue not in depths:
+            depths[sel.queue] = queued(self.redis, sel.queue, self.priorities.steps())
+        waiting = depths[sel.queue] + sent.jobs[sel.affinity_worker]
+        sel = cap_affinity(sel, waiting, holder.capacity if holder else 1, self.policy)
         if sel.affinity_worker:  # it will hold the blocks it lacked: the next decisions count them
             sent.jobs[sel.affinity_worker] += 1
             sent.blocks[sel.affinity_worker] += len(hashes) - found.matched.get(sel.affinity_worker, 0)
@@ -231,8 +279,12 @@ class Client:
         return [JobHandle(self, job.id, sel, job.stream) for job, sel in pairs]
 
     def _decide_all(self, jobs: list[GenerationJob], fleet: FleetView) -> list[Selection]:
-        sent = Sent()  # what this dispatch sends each worker: not yet in its load or hints
-        return [self.decide(j, fleet, sent) for j in jobs]
+        """Every job's decision, or the first refusal raised."""
+        outcomes = self.decide_each(jobs, fleet)
+        refused = next((o for o in outcomes if isinstance(o, JobError)), None)
+        if refused is not None:
+            raise refused
+        return [o for o in outcomes if isinstance(o, Selection)]
 
     def enqueue(
         self, pairs: list[tuple[GenerationJob, Selection]], resume: bool = False, fleet: FleetView | None = None
@@ -250,7 +302,7 @@ class Client:
             if not resume and hasattr(producer.channel, "guard_push"):
                 sent, changed = self._claim_in_push(pairs, producer, fleet)
             else:
-                sent = self._claim_then_publish(pairs, producer, resume)
+                sent = self._claim_then_publish(pairs, producer, resume, fleet)
         if self.hints is not None and any(sel.affinity_worker for _, sel in sent):
             pipe = self.redis.pipeline(transaction=False)
             for _, sel in sent:
@@ -327,19 +379,30 @@ class Client:
         return PushGuard(JobStore.CLAIM_GROUP_AND_PUSH, group_keys, args)
 
     def _claim_then_publish(
-        self, pairs: list[tuple[GenerationJob, Selection]], producer: Any, resume: bool
+        self, pairs: list[tuple[GenerationJob, Selection]], producer: Any, resume: bool, fleet: FleetView | None
     ) -> list[tuple[GenerationJob, Selection]]:
         """The claim in a round trip of its own, then the new jobs' messages (RabbitMQ;
-        the batch feeder, which also sends claimed jobs a dead feeder never sent)."""
+        the batch feeder, which also sends claimed jobs a dead feeder never sent). On the
+        Redis broker jobs of one queue share messages as in a submit (dispatcher.grouping;
+        the readers of a queue counted on ``fleet``, else on the last view read)."""
         fresh = self.store.claim([(j.id, self._record_fields(j, s)) for j, s in pairs])
         todo = [pair for pair, new in zip(pairs, fresh) if new]
         if resume and not all(fresh):
             known = [pair for pair, new in zip(pairs, fresh) if not new]
             todo += [pair for pair, unsent in zip(known, self.store.unsent([j.id for j, _ in known])) if unsent]
+        # Only through this fleet's Redis transport, whose worker side counts a group as its
+        # jobs against the prefetch limit (RabbitMQ's and kombu's own count messages).
+        group_jobs = self.group_jobs if self.checks_premise else 1
+        units = group_sends(
+            todo, fleet or (self._fleet[1] if self._fleet else None), group_jobs, self.group_backends, self.levels
+        )
         try:
             with producer.batch():
-                for job, sel in todo:
-                    self._enqueue(job, sel, producer)
+                for unit in units:
+                    if len(unit) == 1:
+                        self._enqueue(*unit[0], producer)
+                    else:
+                        self._enqueue_group(units_id(unit), unit, producer)
         except Exception:
             if not resume:  # the caller gets the error: resubmitting these jobs must work
                 created = {j.id for (j, _), new in zip(pairs, fresh) if new}

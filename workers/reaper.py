@@ -1,7 +1,7 @@
 """Redeliver the jobs of dead workers.
 
-Every worker records each message it reserves in ``ib:inflight:<worker>`` (task id →
-broker delivery tag). When a worker's heartbeat key expires (SIGKILL, OOM, lost host),
+Every worker records each message it reserves in ``ib:inflight:<worker>`` (job id →
+broker delivery tag; a group message's tag under each of its jobs). When a worker's heartbeat key expires (SIGKILL, OOM, lost host),
 any live worker takes a short lock for it and puts those messages back at the head of
 their queues through kombu's own ``restore_by_tag``, which also drops them from the
 broker's unacked set, so the visibility-timeout restore cannot deliver them a second time.

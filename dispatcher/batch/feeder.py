@@ -244,16 +244,17 @@ class BatchFeeder:
         ready: list[tuple[GenerationJob, Selection]] = []
         sent = Sent()  # what this feed sends each worker (prefix routing counts it in)
         refused: list[tuple[GenerationJob, JobError]] = []
-        for _, job_json in lines:
-            job = GenerationJob.model_validate_json(job_json)
+        jobs = [GenerationJob.model_validate_json(job_json) for _, job_json in lines]
+        for job in jobs:
             job.submitted_at = now  # queue wait and TTFT count from the feed, not from upload
-            try:
-                ready.append((job, self.client.decide(job, fleet, sent)))
-            except NoLiveWorkerError:
+        for job, outcome in zip(jobs, self.client.decide_each(jobs, fleet, sent)):
+            if isinstance(outcome, NoLiveWorkerError):
                 if keep_order:
                     break
-            except JobError as exc:
-                refused.append((job, exc))
+            elif isinstance(outcome, JobError):
+                refused.append((job, outcome))
+            else:
+                ready.append((job, outcome))
         return ready, refused
 
     def _record_refused(self, batch_id: str, refused: list[tuple[GenerationJob, JobError]]) -> None:

@@ -197,3 +197,47 @@ def test_a_group_of_a_killed_worker_reruns_only_its_unfinished_jobs(redis_url, g
             first.kill()
             if second is not None:
                 second.kill()
+
+
+def test_a_batchs_lines_travel_in_groups_and_a_group_lost_with_a_dying_worker_is_sent_again(
+    redis_url, grouping_env, hf_dir, tmp_path, monkeypatch
+):
+    """The batch feeder groups a feed's lines as a submit does. A worker killed between
+    the broker's pop and its record takes a whole group with it: the feeder finds each of
+    its lines in no queue (their ids are in the message's header) and sends them again."""
+    import os
+    import signal
+
+    from dispatcher.batch.feeder import BatchFeeder
+
+    monkeypatch.setenv("IB_BATCH_LOST_LINE_CHECK_S", "2")
+    lines = [{"custom_id": f"c{i}", "prompt": f"Fact {i} about rivers:", "max_tokens": 6} for i in range(6)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with grouping_client(redis_url, 5) as client:
+        worker = start_worker(
+            _url(redis_url, 5), "llamacpp", extra_args=["--threads=2"], env={"IB_BATCH_FEEDER_IN_WORKERS": "false"}
+        )
+        feeder = None
+        try:
+            os.kill(worker.proc.pid, signal.SIGSTOP)  # live for the fleet view a while yet, taking nothing
+            batch = client.batches.create(tmp_path / "in.jsonl", model=MODEL)
+            feeder = BatchFeeder(client, "test-feeder")
+            feeder.run(once=True)
+            # the shared queue's and the worker's own (prefix affinity), every priority level
+            queues = [k for k in client.redis.scan_iter("ib.llamacpp*") if client.redis.type(k) == b"list"]
+            waiting = [json.loads(m) for q in queues for m in client.redis.lrange(q, 0, -1)]
+            # 4 + 2; the stopped worker's BRPOP, sent before it stopped, may hold one of them
+            assert sorted(len(m["headers"][GROUP_HEADER]) for m in waiting) in ([2, 4], [2], [4])
+            taken = next(m for q in queues if (m := client.redis.rpop(q)) is not None)  # and dropped
+            lost = json.loads(taken)["headers"][GROUP_HEADER]
+            os.kill(worker.proc.pid, signal.SIGCONT)
+            feeder.start()
+            final = wait_for(lambda: (b := client.batches.retrieve(batch.id)).is_final and b, 120, "the batch")
+            assert (final.status, final.request_counts.completed, final.request_counts.failed) == ("completed", 6, 0)
+            assert [r["custom_id"] for r in client.batches.results(batch.id)] == [f"c{i}" for i in range(6)]
+            assert all(client.record(job_id)["attempts"] == "1" for job_id in lost)
+        finally:
+            if feeder is not None:
+                feeder.stop()
+            os.kill(worker.proc.pid, signal.SIGCONT)
+            worker.kill()
