@@ -1,10 +1,11 @@
 """Redeliver the jobs of dead workers.
 
 Every worker records each message it reserves in ``ib:inflight:<worker>`` (job id →
-broker delivery tag; a group message's tag under each of its jobs). When a worker's heartbeat key expires (SIGKILL, OOM, lost host),
-any live worker takes a short lock for it and puts those messages back at the head of
-their queues through kombu's own ``restore_by_tag``, which also drops them from the
-broker's unacked set, so the visibility-timeout restore cannot deliver them a second time.
+broker delivery tag; a group message's tag under each of its jobs). When a worker's
+heartbeat key expires (SIGKILL, OOM, lost host), any live worker takes a short lock for
+it and puts those messages back at the head of their queues through kombu's own
+``restore_by_tag``, which also drops them from the broker's unacked set, so the
+visibility-timeout restore cannot deliver them a second time.
 Exactly-once completion is still guarded by the job record (dispatcher.store.jobstore).
 
 Two windows are not covered by those records: a worker killed between taking a message
