@@ -154,6 +154,11 @@ class Client:
             self._fleet = (time.monotonic(), read_fleet(self.redis))
         return self._fleet[1]
 
+    def _last_view(self) -> FleetView | None:
+        """The fleet view read last, whatever its age (how many workers read a queue, for
+        grouping: dispatcher.grouping); None before the first read."""
+        return self._fleet[1] if self._fleet is not None else None
+
     def _view_for_submit(self) -> tuple[FleetView, bool]:
         """The view a submit decides on, and whether it is older than ``fleet_cache_s``.
         With a broker that checks a decision's premise in the push (the Redis transport:
@@ -330,7 +335,8 @@ class Client:
         Returns (the jobs sent, those whose fleet changed)."""
         channel = producer.channel
         premise, epoch = fleet.premise() if fleet is not None else ([keys.FLEET_EPOCH], "")
-        units = group_sends(pairs, fleet, group_jobs or self.group_jobs, self.group_backends, self.levels)
+        readers = fleet or self._last_view()  # a send after a fresh read carries no premise, but has a view
+        units = group_sends(pairs, readers, group_jobs or self.group_jobs, self.group_backends, self.levels)
         unit_ids = [units_id(unit) for unit in units]
         try:
             for unit_id, unit in zip(unit_ids, units):
@@ -393,9 +399,7 @@ class Client:
         # Only through this fleet's Redis transport, whose worker side counts a group as its
         # jobs against the prefetch limit (RabbitMQ's and kombu's own count messages).
         group_jobs = self.group_jobs if self.checks_premise else 1
-        units = group_sends(
-            todo, fleet or (self._fleet[1] if self._fleet else None), group_jobs, self.group_backends, self.levels
-        )
+        units = group_sends(todo, fleet or self._last_view(), group_jobs, self.group_backends, self.levels)
         try:
             with producer.batch():
                 for unit in units:

@@ -41,7 +41,7 @@ from dispatcher.store.jobstore import Begin, LineRecord
 from workers.dead_letter import dead_letter_task, parse_group_arguments
 from workers.engines.base import EngineOutput
 from workers.engines.request import EngineRequest
-from workers.outage import best_effort, until_reachable
+from workers.outage import UNREACHABLE, best_effort, until_reachable
 from workers.tasks import Runtime, build_result, record_failure, run_job
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,9 @@ def run_group(rt: Runtime, items: list[tuple[GenerationJob, Selection]]) -> dict
     try:
         pending = _start(rt, runs, cancelled, started, counts)
         _wait(rt, pending, started, counts)
-    except BaseException as exc:  # a bug here fails the jobs it left, never loses them
+    except UNREACHABLE:
+        raise  # Redis gone while the worker stops (workers.outage): nothing can be written
+    except Exception as exc:  # a bug here fails the jobs it left, never loses them
         left = [r for r in runs if not r.ended]
         if left:
             log.exception("group: %d job(s) failed with the group's run", len(left))
@@ -93,7 +95,7 @@ def run_group(rt: Runtime, items: list[tuple[GenerationJob, Selection]]) -> dict
                 _fail(rt, run, err, counts)
         raise
     finally:
-        for run in runs:
+        for run in runs:  # each job's watch ends with it; these are what an error left
             rt.cancels.unwatch(run.job.id)
     for job, sel in duplicates:  # rare: another live worker runs it; its outcome is awaited
         try:
@@ -184,6 +186,7 @@ def _conclude(rt: Runtime, ended: list[tuple[_Run, EngineOutput]], started: floa
     until_reachable(outcomes[0][0], "the group's outcomes", lambda: rt.store.finish_many(outcomes))
     for run, _ in ended:
         run.ended = True
+        rt.cancels.unwatch(run.job.id)
     counts.update(status for _, status, _, _ in outcomes)
     # Confirmed held (skipped within the hints' refresh time: a record at the start)
     _record_hints(rt, [run for (run, _), o in zip(ended, outcomes) if o[1] == "completed"])
@@ -194,6 +197,7 @@ def _fail(rt: Runtime, run: _Run, exc: JobError, counts: Counter[str]) -> None:
         rt.streams.end(run.job.id, "failed", run.attempt)
     record_failure(rt, run.job, exc)
     run.ended = True
+    rt.cancels.unwatch(run.job.id)
     counts["failed"] += 1
 
 

@@ -241,3 +241,21 @@ def test_a_batchs_lines_travel_in_groups_and_a_group_lost_with_a_dying_worker_is
                 feeder.stop()
             os.kill(worker.proc.pid, signal.SIGCONT)
             worker.kill()
+
+
+def test_a_job_of_a_group_past_the_time_limit_fails_alone_and_leaves_the_engine(redis_url, grouping_env, hf_dir):
+    from dispatcher.jobs import JobTimeoutError
+
+    with grouping_client(redis_url, 4) as client:
+        worker = start_worker(
+            _url(redis_url, 4), "llamacpp", extra_args=["--threads=2"], env={"IB_CELERY_JOB_TIME_LIMIT_S": "2"}
+        )
+        try:
+            long, short = client.submit_many([job("Write a very long story about a dragon.", 1900), job("Hi", 4)])
+            assert short.result(timeout=60).status == "completed"
+            with pytest.raises(JobTimeoutError, match="exceeded the 2 s time limit"):
+                long.result(timeout=120)
+            wait_for(lambda: not client.redis.hlen(keys.inflight(worker.worker_id)), 10, "the group's end")
+            assert client.submit(job("Say yes.", 4)).result(timeout=60).status == "completed"  # the engine is free
+        finally:
+            worker.kill()
