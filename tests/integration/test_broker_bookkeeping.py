@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -159,36 +160,43 @@ def test_the_fleets_app_uses_it_for_redis_and_still_names_the_broker_by_its_sche
     assert create_app("amqp://guest:guest@127.0.0.1:5672//").connection().as_uri().startswith("amqp://")
 
 
-def test_a_taken_task_message_is_recorded_in_its_own_unacked_write(url):
-    """What the reaper relies on: the moment a message is taken it is both in kombu's
-    unacked set (restorable) and in the worker's in-flight hash (whose it is), written
-    together, before the consumer gets it; a message without a task id is left to kombu."""
+@contextlib.contextmanager
+def recording(url: str, worker_id: str, queue_name: str) -> Iterator[tuple[redis.Redis, InflightLedger, Any]]:
+    """A kombu queue on the fleet's transport whose taken messages a worker's ledger records."""
     r = redis.Redis.from_url(url)
     broker_transport.install()
-    ledger = InflightLedger(r, "w4")
+    ledger = InflightLedger(r, worker_id)
     broker_transport.record_taken(ledger.record)
     try:
         with Connection(url) as conn:
-            queue = conn.SimpleQueue("ib.test-taken")
-            queue.put({"n": 1}, headers={"id": "job-1"})
-            queue.put({"n": 2})  # no task id: not a task message
-            first = queue.get(timeout=5)
-            tag = first.delivery_tag
-            assert broker_transport.taken_recorded(first)
-            assert r.hget(keys.inflight("w4"), "job-1") == tag.encode()
-            assert r.hexists(first.channel.qos.unacked_key, tag)  # kombu's own record, as before
-            assert r.zscore(first.channel.qos.unacked_index_key, tag) is not None
-            second = queue.get(timeout=5)
-            assert not broker_transport.taken_recorded(second)
-            assert r.hexists(second.channel.qos.unacked_key, second.delivery_tag)
-            assert r.hlen(keys.inflight("w4")) == 1
-            first.ack()
-            second.ack()
-            assert not r.hexists(first.channel.qos.unacked_key, tag)
+            queue = conn.SimpleQueue(queue_name)
+            yield r, ledger, queue
             queue.close()
     finally:
         broker_transport.record_taken(None)
         ledger.close()
+
+
+def test_a_taken_task_message_is_recorded_in_its_own_unacked_write(url):
+    """What the reaper relies on: the moment a message is taken it is both in kombu's
+    unacked set (restorable) and in the worker's in-flight hash (whose it is), written
+    together, before the consumer gets it; a message without a task id is left to kombu."""
+    with recording(url, "w4", "ib.test-taken") as (r, _, queue):
+        queue.put({"n": 1}, headers={"id": "job-1"})
+        queue.put({"n": 2})  # no task id: not a task message
+        first = queue.get(timeout=5)
+        tag = first.delivery_tag
+        assert broker_transport.taken_recorded(first)
+        assert r.hget(keys.inflight("w4"), "job-1") == tag.encode()
+        assert r.hexists(first.channel.qos.unacked_key, tag)  # kombu's own record, as before
+        assert r.zscore(first.channel.qos.unacked_index_key, tag) is not None
+        second = queue.get(timeout=5)
+        assert not broker_transport.taken_recorded(second)
+        assert r.hexists(second.channel.qos.unacked_key, second.delivery_tag)
+        assert r.hlen(keys.inflight("w4")) == 1
+        first.ack()
+        second.ack()
+        assert not r.hexists(first.channel.qos.unacked_key, tag)
 
 
 def test_a_group_message_is_recorded_and_counted_as_its_jobs(url):
@@ -196,30 +204,20 @@ def test_a_group_message_is_recorded_and_counted_as_its_jobs(url):
     message's tag (the hash's size is the worker's load; the reaper releases each job),
     and as many prefetch slots as it carries jobs until it is acked; its end drops every
     entry."""
-    r = redis.Redis.from_url(url)
-    broker_transport.install()
-    ledger = InflightLedger(r, "w5")
-    broker_transport.record_taken(ledger.record)
-    try:
-        with Connection(url) as conn:
-            queue = conn.SimpleQueue("ib.test-group")
-            queue.put({"n": 1}, headers={"id": "group-1", broker_transport.GROUP_HEADER: ["j1", "j2", "j3"]})
-            queue.put({"n": 2}, headers={"id": "single-1"})
-            qos = queue.channel.qos
-            qos.prefetch_count = 4
-            group = queue.get(timeout=5)
-            assert r.hgetall(keys.inflight("w5")) == dict.fromkeys([b"j1", b"j2", b"j3"], group.delivery_tag.encode())
-            assert qos.held_jobs() == 3 and qos.can_consume()
-            single = queue.get(timeout=5)
-            assert qos.held_jobs() == 4 and not qos.can_consume()  # 2 messages, 4 jobs: full
-            assert qos.can_consume_max_estimate() == 0
-            group.ack()
-            assert qos.held_jobs() == 1 and qos.can_consume()
-            ledger.remove("group-1")  # the group's task ended: all its entries go
-            assert ledger.flush(timeout=5)
-            assert r.hgetall(keys.inflight("w5")) == {b"single-1": single.delivery_tag.encode()}
-            single.ack()
-            queue.close()
-    finally:
-        broker_transport.record_taken(None)
-        ledger.close()
+    with recording(url, "w5", "ib.test-group") as (r, ledger, queue):
+        queue.put({"n": 1}, headers={"id": "group-1", broker_transport.GROUP_HEADER: ["j1", "j2", "j3"]})
+        queue.put({"n": 2}, headers={"id": "single-1"})
+        qos = queue.channel.qos
+        qos.prefetch_count = 4
+        group = queue.get(timeout=5)
+        assert r.hgetall(keys.inflight("w5")) == dict.fromkeys([b"j1", b"j2", b"j3"], group.delivery_tag.encode())
+        assert qos.held_jobs() == 3 and qos.can_consume()
+        single = queue.get(timeout=5)
+        assert qos.held_jobs() == 4 and not qos.can_consume()  # 2 messages, 4 jobs: full
+        assert qos.can_consume_max_estimate() == 0
+        group.ack()
+        assert qos.held_jobs() == 1 and qos.can_consume()
+        ledger.remove("group-1")  # the group's task ended: all its entries go
+        assert ledger.flush(timeout=5)
+        assert r.hgetall(keys.inflight("w5")) == {b"single-1": single.delivery_tag.encode()}
+        single.ack()
