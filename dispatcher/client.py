@@ -350,23 +350,20 @@ class Client:
             unused = channel.drop_guards(unit_ids)
         if unused:  # published without its guard's script: kombu changed how it pushes
             raise RuntimeError(f"messages {unused} were published without their record claim")
-        reply_of = dict(replies)
+        # one held push per unit, in order (by position: a repeated job id repeats its unit's id)
+        answers = [reply for _, reply in replies]
         failed = {
-            job.id: str(reply_of[unit_id])
-            for unit_id, unit in zip(unit_ids, units)
-            if isinstance(reply_of.get(unit_id), Exception)
-            for job, _ in unit
+            job.id: str(reply) for unit, reply in zip(units, answers) if isinstance(reply, Exception) for job, _ in unit
         }
         if failed:
-            sent = [job.id for unit_id, unit in zip(unit_ids, units) if reply_of.get(unit_id) == 1 for job, _ in unit]
+            sent = [job.id for unit, reply in zip(units, answers) if reply == 1 for job, _ in unit]
             raise EnqueueError(
                 f"{len(failed)} of {len(pairs)} jobs were not enqueued ({next(iter(failed.values()))}); "
                 "the others were: submit the same ids again to send only the missing ones",
                 {"sent": sent, "not_sent": failed},
             )
         sent_pairs, changed, known = [], [], []
-        for unit_id, unit in zip(unit_ids, units):
-            reply = reply_of.get(unit_id)
+        for unit, reply in zip(units, answers):
             (sent_pairs if reply == 1 else changed if reply == -1 else known if len(unit) > 1 else []).extend(unit)
         if known:  # a group with an id already known: its jobs one by one, the known ones skipped
             more_sent, more_changed = self._claim_in_push(known, producer, fleet, group_jobs=1)

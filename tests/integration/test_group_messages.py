@@ -113,6 +113,16 @@ def test_a_queue_gets_one_message_per_group_split_over_its_live_readers(redis_ur
         assert len(more) == 6
 
 
+def test_an_id_repeated_in_one_submit_is_sent_once(redis_url, grouping_env, hf_dir):
+    with grouping_client(redis_url, 7) as c:
+        beating(c.redis, "llamacpp-a")
+        twice = job("Same?")
+        handles = c.submit_many([{**twice, "id": "twice"}, job("Other?"), {**twice, "id": "twice"}])
+        sent = [i for m in queued_messages(c.redis) for i in m["headers"].get(GROUP_HEADER, [m["headers"]["id"]])]
+        assert sorted(sent) == sorted(["twice", handles[1].id])  # its second copy went alone, and was refused
+        assert c.record("twice")["status"] == "queued"
+
+
 def test_a_group_whose_fleet_changed_since_the_view_is_decided_again_and_sent_once(redis_url, grouping_env, hf_dir):
     with grouping_client(redis_url, 7) as c:
         beating(c.redis, "llamacpp-a")
