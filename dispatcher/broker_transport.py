@@ -39,9 +39,10 @@ GROUP_HEADER = "ib_jobs"
 """The message header listing the job ids of a group message (ib.generate_group)."""
 
 
-def group_members(message: Any) -> list[str] | None:
-    """The job ids a kombu message carries as a group (None: one job, or not ours)."""
-    members = (message.headers or {}).get(GROUP_HEADER)
+def group_members(headers: dict[str, Any] | None) -> list[str] | None:
+    """The job ids a message carries as a group, from its headers (None: one job, or
+    not ours)."""
+    members = (headers or {}).get(GROUP_HEADER)
     return [m for m in members if isinstance(m, str)] if isinstance(members, list) else None
 
 
@@ -101,7 +102,7 @@ class RecordingQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         recorder = _record_taken
         task_id = (message.headers or {}).get("id")
-        members = group_members(message)
+        members = group_members(message.headers)
         if members and len(members) > 1:
             self._extra_jobs[delivery_tag] = len(members) - 1
         if recorder is None or task_id is None:

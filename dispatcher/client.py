@@ -341,10 +341,7 @@ class Client:
         try:
             for unit_id, unit in zip(unit_ids, units):
                 channel.guard_push(unit_id, self._claim_guard(unit, premise, epoch))
-                if len(unit) == 1:
-                    self._enqueue(*unit[0], producer, declare=[])
-                else:
-                    self._enqueue_group(unit_id, unit, producer)
+                self._publish(unit_id, unit, producer, declare=[])
             replies = channel.push_held()
         finally:
             unused = channel.drop_guards(unit_ids)
@@ -400,10 +397,7 @@ class Client:
         try:
             with producer.batch():
                 for unit in units:
-                    if len(unit) == 1:
-                        self._enqueue(*unit[0], producer)
-                    else:
-                        self._enqueue_group(units_id(unit), unit, producer)
+                    self._publish(units_id(unit), unit, producer)
         except Exception:
             if not resume:  # the caller gets the error: resubmitting these jobs must work
                 created = {j.id for (j, _), new in zip(pairs, fresh) if new}
@@ -421,6 +415,15 @@ class Client:
         with self.app.producer_or_acquire() as producer:
             for job, sel in pairs:
                 self._enqueue(job, sel, producer)
+
+    def _publish(
+        self, unit_id: str, unit: list[tuple[GenerationJob, Selection]], producer: Any, declare: list[Any] | None = None
+    ) -> None:
+        """One send unit's message (dispatcher.grouping): its one job's, or its group's."""
+        if len(unit) == 1:
+            self._enqueue(*unit[0], producer, declare=declare)
+        else:
+            self._enqueue_group(unit_id, unit, producer)
 
     def _enqueue_group(self, group_id: str, unit: list[tuple[GenerationJob, Selection]], producer: Any) -> None:
         """Publish one message for jobs of one queue and priority (dispatcher.grouping).

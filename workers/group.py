@@ -29,7 +29,6 @@ from celery import Celery
 from dispatcher.batch.records import line_record
 from dispatcher.celery_app import GENERATE_GROUP_TASK
 from dispatcher.jobs import (
-    EngineError,
     GenerationJob,
     InvalidMessageError,
     JobError,
@@ -38,24 +37,33 @@ from dispatcher.jobs import (
     Selection,
 )
 from dispatcher.store.jobstore import Begin, LineRecord
-from workers.dead_letter import dead_letter_task, parse_group_arguments
+from workers.dead_letter import parse_group_arguments
 from workers.engines.base import EngineOutput
 from workers.engines.request import EngineRequest
 from workers.outage import UNREACHABLE, best_effort, until_reachable
-from workers.tasks import Runtime, build_result, record_failure, run_job
+from workers.tasks import (
+    Runtime,
+    build_result,
+    cancelled_unrun,
+    dead_letter,
+    engine_failure,
+    record_failure,
+    run_job,
+)
 
 log = logging.getLogger(__name__)
 
 Outcome = tuple[str, JobStatus, dict[str, Any], LineRecord | None]
 
 
-@dataclass(eq=False)  # compared by identity: a job's model is not compared field by field
+@dataclass
 class _Run:
     """One job of the group that this delivery runs."""
 
     job: GenerationJob
     selection: Selection
     attempt: int
+    cancelled: bool  # while queued: it ends unrun
     request: EngineRequest | None = None
     ended: bool = False
 
@@ -69,20 +77,17 @@ def run_group(rt: Runtime, items: list[tuple[GenerationJob, Selection]]) -> dict
     counts: Counter[str] = Counter()
     runs: list[_Run] = []
     duplicates: list[tuple[GenerationJob, Selection]] = []
-    cancelled: list[_Run] = []
     for (job, sel), begin in zip(items, begins):
         if begin.running_on is not None:
             duplicates.append((job, sel))
         elif begin.final is not None:
             counts[begin.final[0]] += 1  # finished by an earlier delivery: nothing to run
         else:
-            runs.append(_Run(job, sel, begin.attempt))
-            if begin.cancelled:
-                cancelled.append(runs[-1])
+            runs.append(_Run(job, sel, begin.attempt, begin.cancelled))
     log.info("group of %d jobs (%s): running %d", len(items), items[0][1].backend, len(runs))
-    _record_hints(rt, [r for r in runs if r not in cancelled])
+    _record_hints(rt, [r for r in runs if not r.cancelled])
     try:
-        pending = _start(rt, runs, cancelled, started, counts)
+        pending = _start(rt, runs, started, counts)
         _wait(rt, pending, started, counts)
     except UNREACHABLE:
         raise  # Redis gone while the worker stops (workers.outage): nothing can be written
@@ -90,7 +95,7 @@ def run_group(rt: Runtime, items: list[tuple[GenerationJob, Selection]]) -> dict
         left = [r for r in runs if not r.ended]
         if left:
             log.exception("group: %d job(s) failed with the group's run", len(left))
-            err = EngineError(f"{type(exc).__name__}: {exc}", {"backend": rt.engine.backend})
+            err = engine_failure(rt, exc)
             for run in left:
                 _fail(rt, run, err, counts)
         raise
@@ -114,9 +119,7 @@ def _record_hints(rt: Runtime, runs: list[_Run]) -> None:
         best_effort("prefix hints", lambda: rt.hints.record(rt.worker_id, hashes))
 
 
-def _start(
-    rt: Runtime, runs: list[_Run], cancelled: list[_Run], started: float, counts: Counter[str]
-) -> dict[Future, _Run]:
+def _start(rt: Runtime, runs: list[_Run], started: float, counts: Counter[str]) -> dict[Future, _Run]:
     """Hand every job to the engine (a job cancelled while queued ends here, unrun)."""
     pending: dict[Future, _Run] = {}
     ended: list[tuple[_Run, EngineOutput]] = []
@@ -124,8 +127,8 @@ def _start(
         job = run.job
         rt.cancels.watch(job.id, scope=job.batch_id)
         try:
-            if run in cancelled:
-                ended.append((run, EngineOutput([], "", "cancelled", len(rt.engine.encode(job)), None, time.time())))
+            if run.cancelled:
+                ended.append((run, cancelled_unrun(rt, job)))
                 continue
             on_text = _on_text(rt, run)
             run.request = rt.engine.start(job, on_text=on_text)
@@ -206,7 +209,7 @@ def _typed(rt: Runtime, job: GenerationJob, exc: Exception) -> JobError:
     if isinstance(exc, JobError):
         return exc
     log.error("job %s: engine failure", job.id, exc_info=exc)
-    return EngineError(f"{type(exc).__name__}: {exc}", {"backend": rt.engine.backend})
+    return engine_failure(rt, exc)
 
 
 def register(app: Celery, rt: Runtime) -> None:
@@ -217,10 +220,7 @@ def register(app: Celery, rt: Runtime) -> None:
         try:
             items = parse_group_arguments(args, kwargs)
         except InvalidMessageError as exc:
-            if rt.dead_letters is not None:
-                for failed in dead_letter_task(rt.dead_letters, rt.store, task.request, args, kwargs, exc):
-                    if rt.streams is not None:
-                        rt.streams.end(failed, "failed")
+            dead_letter(rt, task.request, args, kwargs, exc)
             raise
         return run_group(rt, items)  # counts only: what Celery's events (Flower) show of it
 

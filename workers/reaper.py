@@ -26,7 +26,7 @@ import redis
 from celery import Celery
 
 from dispatcher import connection, settings
-from dispatcher.broker_transport import GROUP_HEADER
+from dispatcher.broker_transport import group_members
 from dispatcher.celery_app import QUEUE_PREFIX, priority_queue_names
 from dispatcher.store import keys
 from dispatcher.store.hints import PrefixHints
@@ -85,12 +85,11 @@ def settle_tags(client: redis.Redis, app: Celery, tags: list[str]) -> tuple[list
         message, _exchange, routing_key = json.loads(raw)
         if str(routing_key).startswith(QUEUE_PREFIX):
             headers = message.get("headers") or {}
-            members = headers.get(GROUP_HEADER)
-            ours.append((tag, members if isinstance(members, list) and members else [headers.get("id") or "-"]))
+            ours.append((tag, group_members(headers) or [headers.get("id") or "-"]))
     pipe = client.pipeline(transaction=False)
     for _, job_ids in ours:
         for job_id in job_ids:
-            pipe.hget(keys.job(str(job_id)), "final")
+            pipe.hget(keys.job(job_id), "final")
     answers = iter(pipe.execute())
     finished = [all([next(answers) is not None for _ in job_ids]) for _, job_ids in ours]  # [...]: each read
     dropped = [tag for (tag, _), done in zip(ours, finished) if done]

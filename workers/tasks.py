@@ -91,7 +91,7 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
     status = "failed"
     try:
         if begin.cancelled:  # cancelled while queued: never reaches the model
-            out = EngineOutput([], "", "cancelled", len(rt.engine.encode(job)), None, time.time())
+            out = cancelled_unrun(rt, job)
         else:
             on_text = (lambda delta: streams.delta(job.id, delta, attempt)) if streams else None
             out = rt.engine.generate(job, timeout=rt.time_limit_s, on_text=on_text)
@@ -101,7 +101,7 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
         raise
     except Exception as exc:  # any engine bug becomes the job's typed failure
         log.exception("job %s: engine failure", job.id)
-        err = EngineError(f"{type(exc).__name__}: {exc}", {"backend": rt.engine.backend})
+        err = engine_failure(rt, exc)
         record_failure(rt, job, err)
         raise err from None
     finally:
@@ -118,6 +118,26 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
     if rt.hints is not None and selection.prefix_hashes and result.status == "completed":
         best_effort("prefix hints", lambda: rt.hints.record(rt.worker_id, selection.prefix_hashes))
     return payload
+
+
+def cancelled_unrun(rt: Runtime, job: GenerationJob) -> EngineOutput:
+    """The output of a job cancelled while queued: no tokens, its prompt counted."""
+    return EngineOutput([], "", "cancelled", len(rt.engine.encode(job)), None, time.time())
+
+
+def engine_failure(rt: Runtime, exc: BaseException) -> EngineError:
+    """An engine bug (any exception that is not a JobError) as the job's typed failure."""
+    return EngineError(f"{type(exc).__name__}: {exc}", {"backend": rt.engine.backend})
+
+
+def dead_letter(rt: Runtime, request: Any, args: tuple, kwargs: dict, exc: InvalidMessageError) -> None:
+    """Keep a message whose arguments do not validate and fail its jobs
+    (workers.dead_letter); a reader of their streams stops waiting."""
+    if rt.dead_letters is None:
+        return
+    for failed in dead_letter_task(rt.dead_letters, rt.store, request, args, kwargs, exc):
+        if rt.streams is not None:
+            rt.streams.end(failed, "failed")
 
 
 def _begin(rt: Runtime, job: GenerationJob) -> Begin:
@@ -193,10 +213,7 @@ def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
         try:
             job, selection = parse_arguments(args, kwargs)
         except InvalidMessageError as exc:
-            if rt.dead_letters is not None:
-                for failed in dead_letter_task(rt.dead_letters, rt.store, task.request, args, kwargs, exc):
-                    if rt.streams is not None:
-                        rt.streams.end(failed, "failed")  # a reader of its stream stops waiting
+            dead_letter(rt, task.request, args, kwargs, exc)
             raise
         payload = run_job(rt, job, selection)
         return payload if show_text else event_summary(payload)
@@ -211,7 +228,7 @@ def register(app: Celery, rt: Runtime, show_text: bool = False) -> None:
         # The Redis transport wrote it already, with the message's unacked write; otherwise
         # it is queued, written off this (the consumer's) thread.
         if request is not None and not taken_recorded(request.message):
-            rt.inflight.add(request.id, request.message.delivery_tag, group_members(request.message))
+            rt.inflight.add(request.id, request.message.delivery_tag, group_members(request.message.headers))
 
     @task_postrun.connect(weak=False)
     def _done(task_id: str | None = None, **_: object) -> None:

@@ -71,8 +71,6 @@ class PrefixHints:
         """The blocks each worker holds of these, and for each of ``workers`` the jobs
         it holds now (``ib:inflight:<id>``: received, not finished; a heartbeat's load is
         seconds old) and how many blocks it holds in all: one round trip."""
-        if not hashes:
-            return Lookup({}, {}, {})
         return self.lookup_many([(hashes, workers)])[0]
 
     def lookup_many(self, asks: list[tuple[list[str], list[str]]]) -> list[Lookup]:

@@ -115,12 +115,12 @@ class JobStore:
         records ((job id, submit-time fields), in order)."""
         args: list[Any] = [epoch, len(premise) - 1, self.ttl_s]
         for _, fields in records:
-            args += [len(fields), *(x for k, v in fields.items() for x in (k, _enc(v)))]
+            args += [len(fields), *_flat(fields)]
         return [*premise, *(keys.job(job_id) for job_id, _ in records)], args
 
     def claim_call(self, job_id: str, fields: dict[str, Any]) -> tuple[list[str], list[Any]]:
         """The claim's keys and arguments for one job (the record, then its TTL and fields)."""
-        return [keys.job(job_id)], [self.ttl_s, *(x for k, v in fields.items() for x in (k, _enc(v)))]
+        return [keys.job(job_id)], [self.ttl_s, *_flat(fields)]
 
     def claim(self, records: list[tuple[str, dict[str, Any]]]) -> list[bool]:
         """Create the records of new jobs ((job id, submit-time fields), in order) in one
@@ -357,6 +357,11 @@ def _final(values: list[bytes | None]) -> tuple[str, dict[str, Any]] | None:
         return None
     body = error if status == b"failed" else result
     return status.decode(), json.loads(body) if body else {}
+
+
+def _flat(fields: dict[str, Any]) -> list[Any]:
+    """A record's fields as a script's name, value, name, value arguments."""
+    return [x for k, v in fields.items() for x in (k, _enc(v))]
 
 
 def _enc(value: Any) -> str | int | float:
