@@ -36,14 +36,15 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
-from dispatcher import settings
-from dispatcher.batch.records import line_job_id
+from core import settings
+from core.backends import load_backends
+from core.jobs import GenerationJob
+from core.records import line_job_id
+from core.registry import ModelRegistry
+from core.store.jobstore import LineRecord
 from dispatcher.client import Client
-from dispatcher.jobs import GenerationJob
-from dispatcher.registry import ModelRegistry, load_backends
-from dispatcher.store.jobstore import LineRecord
-from ops.broker import EmbeddedBroker
-from ops.localfleet import WorkerProcess
+from ops.local.broker import EmbeddedBroker
+from ops.local.processes import WorkerProcess
 from workers.engines import create_engine
 from workers.models.prepare import prepare
 

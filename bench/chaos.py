@@ -47,12 +47,13 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
-from dispatcher.batch.records import line_job_id
+from core.errors import JobError
+from core.records import line_job_id
+from core.store import keys
 from dispatcher.client import Client
-from dispatcher.jobs import JobError
-from dispatcher.store import keys
-from ops.broker import EmbeddedBroker
-from ops.localfleet import WorkerProcess, free_port
+from ops.local.broker import EmbeddedBroker
+from ops.local.processes import WorkerProcess
+from ops.subprocesses import free_port
 
 console = Console()
 MODEL = "smollm2-135m"

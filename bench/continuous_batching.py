@@ -28,11 +28,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
-from dispatcher import settings
+from core import settings
+from core.registry import ModelRegistry
 from dispatcher.client import Client
-from dispatcher.registry import ModelRegistry
-from ops.broker import EmbeddedBroker
-from ops.localfleet import LlamaCppServer, WorkerProcess
+from ops.local.broker import EmbeddedBroker
+from ops.local.peers import LlamaCppServer
+from ops.local.processes import WorkerProcess
 from workers.models.prepare import prepare
 
 console = Console()

@@ -36,13 +36,14 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
-from dispatcher import settings
+from core import settings
+from core.backends import load_backends
+from core.jobs import JobResult
+from core.registry import ModelRegistry, ModelSpec
 from dispatcher.client import Client
-from dispatcher.jobs import JobResult
-from dispatcher.registry import ModelRegistry, ModelSpec, load_backends
-from ops.broker import EmbeddedBroker
-from ops.localfleet import WorkerProcess
-from workers import hardware
+from ops.local.broker import EmbeddedBroker
+from ops.local.processes import WorkerProcess
+from workers.lifecycle import hardware
 from workers.models.prepare import prepare
 
 console = Console()

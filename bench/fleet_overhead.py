@@ -30,13 +30,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from dispatcher import connection, settings
+from core import connection, settings
+from core.backends import load_backends
+from core.jobs import GenerationJob
+from core.registry import ModelRegistry
 from dispatcher.client import Client
-from dispatcher.jobs import GenerationJob
-from dispatcher.registry import ModelRegistry, load_backends
-from ops.broker import EmbeddedBroker
-from ops.localfleet import WorkerProcess
-from workers import hardware
+from ops.local.broker import EmbeddedBroker
+from ops.local.processes import WorkerProcess
+from workers.lifecycle import hardware
 from workers.models.prepare import prepare
 
 console = Console()

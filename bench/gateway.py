@@ -50,11 +50,12 @@ from rich.table import Table
 
 from bench.fleet_overhead import prompts
 from bench.report import percentile, save
-from dispatcher import connection, settings
+from core import connection, settings
+from core.registry import ModelRegistry
 from dispatcher.client import Client
-from dispatcher.registry import ModelRegistry
-from ops.broker import EmbeddedBroker
-from ops.localfleet import GatewayProcess, NativeLlamaServer, WorkerProcess, llama_server_binary
+from ops.local.broker import EmbeddedBroker
+from ops.local.peers import NativeLlamaServer, llama_server_binary
+from ops.local.processes import GatewayProcess, WorkerProcess
 
 console = Console()
 MODEL = "smollm2-135m"

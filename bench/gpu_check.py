@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench.report import percentile
-from dispatcher import settings
+from core import settings
+from core.registry import ModelRegistry
 from dispatcher.client import Client
-from dispatcher.registry import ModelRegistry
-from ops.broker import EmbeddedBroker
-from ops.localfleet import WorkerProcess
-from workers import hardware
+from ops.local.broker import EmbeddedBroker
+from ops.local.processes import WorkerProcess
+from workers.lifecycle import hardware
 from workers.models.prepare import prepare
 
 T = TypeVar("T")

@@ -31,7 +31,8 @@ import numpy as np
 from transformers import AutoTokenizer
 
 from bench.cpu_time import metered
-from dispatcher.registry import ModelRegistry, load_backends
+from core.backends import load_backends
+from core.registry import ModelRegistry
 from workers.engines.onnx_process import load_model, special_ids
 
 MODEL = "smollm2-135m"

@@ -36,7 +36,7 @@ from bench import cpu_time, inprocess
 from bench.fleet_overhead import prompts
 from bench.gateway import peer_setup
 from bench.report import save
-from ops.localfleet import WorkerProcess
+from ops.local.processes import WorkerProcess
 
 console = Console()
 FLEET, PEER = "fleet vllm worker", "AsyncLLM in-process"

@@ -40,10 +40,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
-from dispatcher import settings
+from core import settings
 from dispatcher.client import Client
-from ops.broker import EmbeddedBroker
-from ops.localfleet import WorkerProcess
+from ops.local.broker import EmbeddedBroker
+from ops.local.processes import WorkerProcess
 
 console = Console()
 MODEL = "smollm2-135m"
@@ -109,16 +109,16 @@ def run_arm(url: str, env: dict[str, str], affinity: bool, args: argparse.Namesp
             w.wait_ready(timeout=300)
         with Client(url) as client:
             if not affinity:
-                client.hints = None  # the shared queue only
+                client.router.affinity = False  # the shared queue only
             lookup_ms: list[float] = []
             results = []
             if affinity:  # load the tokenizer once, before anything is timed
-                client.tokens.hashes(client._parse(chat(0, "warm-up", 1), {}), client.registry.get(MODEL))
+                client.router.tokens.hashes(client._parse(chat(0, "warm-up", 1), {}), client.registry.get(MODEL))
             t0 = time.perf_counter()
             for k in range(args.questions):
                 jobs = [chat(i, QUESTIONS[k % len(QUESTIONS)], args.max_tokens) for i in range(args.prompts)]
                 if affinity:  # the lookup's cost, measured on its own (the submit does the same)
-                    hasher, hints = client.tokens, client.hints
+                    hasher, hints = client.router.tokens, client.fleet.hints
                     assert hints is not None
                     live = [w.worker_id for w in client.workers().live(backend="llamacpp")]
                     for j in jobs:

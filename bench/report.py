@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.measure import percentile
-from workers import hardware
+from workers.lifecycle import hardware
 
 __all__ = ["percentile", "save"]  # the one percentile (ops.measure), re-exported for the benchmarks
 

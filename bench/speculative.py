@@ -33,8 +33,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
-from dispatcher.jobs import GenerationJob
-from dispatcher.registry import ModelRegistry, load_backends
+from core.backends import load_backends
+from core.jobs import GenerationJob
+from core.registry import ModelRegistry
 from workers.engines import create_engine
 from workers.models.prepare import prepare
 

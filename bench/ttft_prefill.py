@@ -41,7 +41,7 @@ from rich.table import Table
 from bench import inprocess
 from bench.gateway import ClientArm, PeerSetup, peer_setup, tagged
 from bench.report import percentile, save
-from ops.localfleet import WorkerProcess
+from ops.local.processes import WorkerProcess
 
 console = Console()
 # Before each measurement: the other side's thread pools (OpenMP in PyTorch, ONNX Runtime's

@@ -79,9 +79,9 @@ from bench.gateway import (
     tagged,
 )
 from bench.report import save
+from core.registry import ModelRegistry
 from dispatcher.client import Client
-from dispatcher.registry import ModelRegistry
-from ops.localfleet import WorkerProcess
+from ops.local.processes import WorkerProcess
 from workers.models.prepare import prepare
 
 console = Console()

@@ -20,8 +20,8 @@ import uuid
 from collections import defaultdict
 from math import ceil
 
-from dispatcher.fleet import FleetView
-from dispatcher.jobs import GenerationJob, Selection
+from core.fleet import FleetView
+from core.jobs import GenerationJob, Selection
 
 Pair = tuple[GenerationJob, Selection]
 

@@ -15,15 +15,19 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from dispatcher import connection, settings
+from core import connection, settings
+from core.settings import GatewaySettings
 from dispatcher.client import Client
-from dispatcher.settings import GatewaySettings
-from gateway import batch_routes, completions, errors, file_routes, model_routes
+from gateway import errors
 from gateway.auth import KeyRing, authenticate
 from gateway.files import FileStore, files_url
 from gateway.limits import LimitBody
 from gateway.observe import Observe, RequestMetrics
 from gateway.quota import Quota
+from gateway.routes import batches as batch_routes
+from gateway.routes import completions
+from gateway.routes import files as file_routes
+from gateway.routes import models as model_routes
 from gateway.state import Fleet
 
 

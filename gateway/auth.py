@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fastapi import Request
 
-from dispatcher import settings
+from core import settings
 from gateway.errors import APIError
 
 KEYS_ENV = "IB_API_KEYS"

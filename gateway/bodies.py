@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dispatcher.jobs import Priority
+from core.jobs import Priority
 from gateway.errors import APIError
 
 

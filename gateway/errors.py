@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dispatcher.jobs import JobError
+from core.errors import JobError
 
 # A fleet error code → (HTTP status, OpenAI error type).
 JOB_ERROR_STATUS: dict[str, tuple[int, str]] = {

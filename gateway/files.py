@@ -19,8 +19,8 @@ from typing import IO, Any
 import fsspec
 import redis
 
-from dispatcher import settings
-from dispatcher.store import keys
+from core import settings
+from core.store import keys
 from gateway.errors import APIError
 
 CHUNK = 1 << 20

@@ -12,7 +12,7 @@ import time
 
 import redis
 
-from dispatcher.store import keys
+from core.store import keys
 
 _ACQUIRE = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])

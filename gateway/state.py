@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import redis.asyncio
 from fastapi import Request
 
+from core.settings import GatewaySettings
 from dispatcher.client import Client
-from dispatcher.settings import GatewaySettings
 from gateway.files import FileStore
 from gateway.quota import Quota
 

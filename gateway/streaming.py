@@ -12,8 +12,8 @@ import json
 import time
 from typing import Any
 
-from dispatcher.batch.records import CHAT_URL, finish_reason, usage_body
-from dispatcher.jobs import JobResult
+from core.jobs import JobResult
+from core.records import CHAT_URL, finish_reason, usage_body
 
 
 def sse(data: dict[str, Any] | str) -> str:

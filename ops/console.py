@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -23,11 +24,12 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from dispatcher import connection
+from core import connection
+from core.jobs import JobResult
 from dispatcher.client import Client
-from dispatcher.jobs import JobResult
 
 console = Console()
+ModelOpt = Annotated[str, typer.Option("--model", help="registered model name")]
 
 
 def broker_url() -> str:

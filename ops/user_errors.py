@@ -17,9 +17,9 @@ from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
 from rich.markup import escape
 
-from dispatcher import connection
-from dispatcher.jobs import JobError
-from dispatcher.models.sources import SourceError
+from core import connection
+from core.errors import JobError
+from core.models.sources import SourceError
 from ops.console import console
 from workers.models.prepare import PreparationError
 

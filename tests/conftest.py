@@ -24,8 +24,8 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory):
-    from dispatcher.connection import pings
-    from ops.broker import EmbeddedBroker
+    from core.connection import pings
+    from ops.local.broker import EmbeddedBroker
 
     url = os.environ.get("IB_TEST_REDIS_URL")
     if not url and pings("redis://127.0.0.1:6379/15"):
@@ -45,7 +45,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def registry():
-    from dispatcher.registry import ModelRegistry
+    from core.registry import ModelRegistry
 
     return ModelRegistry.from_config()
 
@@ -127,7 +127,7 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 def start_worker(redis_url: str, backend: str = "pytorch", **kw):
-    from ops.localfleet import WorkerProcess
+    from ops.local.processes import WorkerProcess
 
     worker = WorkerProcess(backend, redis_url, log_dir=ARTIFACTS / "logs", **kw).start()
     try:
@@ -154,7 +154,7 @@ def start_worker_with_artifact(tmp_path: Path, redis_url: str, backend: str, fmt
 
     import yaml
 
-    from dispatcher.settings import config_dir
+    from core.settings import config_dir
 
     cfg = tmp_path / "config"
     shutil.copytree(config_dir(), cfg)
@@ -191,7 +191,7 @@ def without_tokenizer(client) -> None:
     prompt at submit, so the worker's own context check is what refuses an overflow."""
     from dispatcher.routing.prefix import PrefixHasher
 
-    client.tokens = PrefixHasher(tokenizer_for=lambda model: None)
+    client.router.tokens = client.batches.tokens = PrefixHasher(tokenizer_for=lambda model: None)
 
 
 def ib(*args: str, redis_url: str, env: dict[str, str] | None = None, timeout: float = 120):

@@ -27,16 +27,17 @@ from typing import IO, Any
 import redis
 from pydantic import BaseModel, Field
 
-from dispatcher import settings
+from core import settings
+from core.errors import ContextOverflowError, JobError
+from core.jobs import Priority, check_context
+from core.records import CHAT_URL, COMPLETIONS_URL, error_record, line_job_id
+from core.registry import ModelRegistry
+from core.store.batchstore import FINAL_STATUSES, BatchStore, staged_entry
+from core.store.jobstore import JobStore
 from dispatcher.batch.format import LineError, ParsedLine, parse_line
 from dispatcher.batch.input import LineProblem, NotJsonLinesError, read_lines
-from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, error_record, line_job_id
-from dispatcher.jobs import ContextOverflowError, JobError, Priority, check_context
-from dispatcher.registry import ModelRegistry
 from dispatcher.routing.context import might_overflow, serving_window
 from dispatcher.routing.prefix import PrefixHasher
-from dispatcher.store.batchstore import FINAL_STATUSES, BatchStore, staged_entry
-from dispatcher.store.jobstore import JobStore
 
 WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

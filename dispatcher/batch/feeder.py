@@ -31,15 +31,17 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from core.errors import JobError, NoLiveWorkerError
+from core.jobs import GenerationJob, Selection
+from core.records import job_error_record
+from core.store.batchstore import FINAL_STATUSES
+from core.store.keys import FEEDER_LEASE
 from dispatcher.batch.lost_lines import LostLines
-from dispatcher.batch.records import job_error_record
-from dispatcher.jobs import GenerationJob, JobError, NoLiveWorkerError, Selection
-from dispatcher.routing.decision import Sent
-from dispatcher.store.batchstore import FINAL_STATUSES
-from dispatcher.store.keys import FEEDER_LEASE
+from dispatcher.fleet_state import route
+from dispatcher.routing.affinity import Sent
 
 if TYPE_CHECKING:
-    from dispatcher.client import Client
+    from dispatcher.parts import DispatchParts
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +59,12 @@ return 0
 
 
 class BatchFeeder:
-    def __init__(self, client: Client, owner: str) -> None:
-        self.client = client
-        self.batches = client.batches
-        self.store = client.batches.store
+    def __init__(self, parts: DispatchParts, owner: str) -> None:
+        """``parts``: the submitting side's (it decides with the router and sends with the
+        sender, as a submit does); ``owner``: who holds the lease (a worker id)."""
+        self.parts = parts
+        self.batches = parts.batches
+        self.store = parts.batches.store
         self.owner = owner
         cfg = self.batches.cfg
         self.max_queued = cfg.max_queued
@@ -71,11 +75,11 @@ class BatchFeeder:
         self.stale_s = cfg.validation_stale_s
         self.cancel_grace_s = cfg.cancel_grace_s
         self.lost_check_s = cfg.lost_line_check_s
-        self.lost_lines = LostLines(client)
+        self.lost_lines = LostLines(parts.redis, parts.app, self.store, parts.fleet.steps)
         self.active = 0  # active batches the last tick saw
         self._progress: dict[str, tuple[int, float]] = {}  # batch → (lines done, since when)
-        self._lease = client.redis.register_script(_LEASE)
-        self._release = client.redis.register_script(_RELEASE)
+        self._lease = parts.redis.register_script(_LEASE)
+        self._release = parts.redis.register_script(_RELEASE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -197,7 +201,7 @@ class BatchFeeder:
         if not lost:
             return 0
         ready, refused = self._decide(lost, keep_order=False)
-        self.client.resend(ready)
+        self.parts.sender.resend(ready)
         self._record_refused(batch_id, refused)
         log.warning(
             "batch %s: %d line(s) lost with a worker that died taking them: %d sent again, %d refused, "
@@ -222,7 +226,7 @@ class BatchFeeder:
         taken = len(ready) + len(refused)
         if not taken:
             return 0
-        self.client.enqueue(ready, resume=True)
+        self.parts.sender.enqueue(ready, resume=True)
         self._record_refused(batch_id, refused)
         backends: dict[str, int] = {}
         for _, sel in ready:
@@ -239,7 +243,7 @@ class BatchFeeder:
         live worker can take stops a feed there (the rest wait, keeping the order, and the
         cursor stays on it); lines sent again (``keep_order=False``) were fed long ago, so
         one that must wait does not hold back the others behind it."""
-        fleet = self.client.workers()
+        fleet = self.parts.fleet.view()
         now = time.time()
         ready: list[tuple[GenerationJob, Selection]] = []
         sent = Sent()  # what this feed sends each worker (prefix routing counts it in)
@@ -247,7 +251,7 @@ class BatchFeeder:
         jobs = [GenerationJob.model_validate_json(job_json) for _, job_json in lines]
         for job in jobs:
             job.submitted_at = now  # queue wait and TTFT count from the feed, not from upload
-        for job, outcome in zip(jobs, self.client.decide_each(jobs, fleet, sent)):
+        for job, outcome in zip(jobs, route(self.parts.router, self.parts.fleet, jobs, fleet, sent)):
             if isinstance(outcome, NoLiveWorkerError):
                 if keep_order:
                     break
@@ -275,7 +279,7 @@ class BatchFeeder:
         """Past the completion window: what finished stays; the rest is recorded expired."""
         log.warning("batch %s: completion window over; expiring the unfinished lines", batch_id)
         self.store.transition(batch_id, "expired", ("validating", "in_progress", "cancelling"))
-        self.client.store.request_cancel(batch_id)
+        self.parts.store.request_cancel(batch_id)
         return (
             self.batches.record_staged(
                 batch_id, "batch_expired", "the batch's completion window ended before this request ran"

@@ -4,7 +4,7 @@ Input lines are OpenAI Batch requests (``{"custom_id", "method": "POST", "url":
 "/v1/chat/completions" | "/v1/completions", "body": {...}}``) or, for convenience, plain
 ``{"custom_id", "prompt" | "messages", ...}`` lines. Validation is per line: a bad line
 becomes an error record naming the line and the reason, and the others run. What comes
-out (a line's output or error record) is dispatcher.batch.records.
+out (a line's output or error record) is core.records.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
+from core.errors import UnknownModelError
+from core.jobs import GenerationJob
+from core.records import CHAT_URL, COMPLETIONS_URL, line_job_id
+from core.registry import ModelRegistry
 from dispatcher.batch.input import LineProblem
-from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, line_job_id
-from dispatcher.jobs import GenerationJob, UnknownModelError
-from dispatcher.registry import ModelRegistry
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "stop", "seed")
 # OpenAI body fields that change nothing here and are accepted silently.

@@ -18,15 +18,14 @@ RabbitMQ keeps a dead consumer's unacked messages itself: nothing to do there.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import redis
+from celery import Celery
 
-from dispatcher.batch.records import line_job_id
-from dispatcher.celery_app import priority_queue_names
-from dispatcher.connection import is_redis_broker
-from dispatcher.store import keys
-
-if TYPE_CHECKING:
-    from dispatcher.client import Client
+from core.celery_app import priority_queue_names
+from core.connection import is_redis_broker
+from core.records import line_job_id
+from core.store import keys
+from core.store.batchstore import BatchStore
 
 # KEYS: the lists to look in, then the unacked hash. ARGV: the jobs' ids, quoted as they
 # appear in a message's headers (so "b-2" does not match "b-20"). Returns those in none.
@@ -55,21 +54,25 @@ def shared_queue(queue: str) -> str:
 
 
 class LostLines:
-    def __init__(self, client: Client, chunk: int = 1000) -> None:
-        self.client = client
-        self.r = client.redis
-        self.chunk = chunk
+    def __init__(self, client: redis.Redis, app: Celery, batches: BatchStore, steps: list[int]) -> None:
+        """``app``: the broker (its unacked set is looked in); ``steps``: the priority steps
+        a queue is kept in."""
+        self.r = client
+        self.app = app
+        self.batches = batches
+        self.steps = steps
+        self.chunk = 1000  # staged lines read at a time
         self._missing = self.r.register_script(_MISSING)
 
     def find(self, batch_id: str, fed: int) -> list[tuple[int, str]]:
         """The fed lines (line, job JSON) of a batch whose message is lost."""
-        if not is_redis_broker(self.client.app.conf.broker_url):
+        if not is_redis_broker(self.app.conf.broker_url):
             return []
-        with self.client.app.connection_for_write() as conn:
+        with self.app.connection_for_write() as conn:
             unacked = conn.default_channel.unacked_key
         lost: list[tuple[int, str]] = []
         for start in range(0, fed, self.chunk):
-            staged = self.client.batches.store.staged(batch_id, start, min(fed, start + self.chunk))
+            staged = self.batches.staged(batch_id, start, min(fed, start + self.chunk))
             lost += self._lost_among(batch_id, staged, unacked)
         return lost
 
@@ -89,7 +92,7 @@ class LostLines:
         }
         if not waiting:
             return []
-        steps = self.client.priorities.steps()
+        steps = self.steps
         queues = {
             name
             for q in waiting.values()

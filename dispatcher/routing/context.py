@@ -3,7 +3,7 @@
 The prompt is counted with the model's own tokenizer and chat template (the light path
 the prefix hints use, dispatcher.routing.prefix), against the window the job will be
 served with: the model's context length, or the chosen backend's smaller
-``max_model_len``. The rule itself is the contract's (``dispatcher.jobs.check_context``);
+``max_model_len``. The rule itself is the contract's (``core.jobs.check_context``);
 the worker applies it again (workers.engines.base) as the last guard, for hosts without
 the tokenizer and for engines that count differently.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.jobs import GenerationJob
-from dispatcher.registry import ModelSpec
+from core.jobs import GenerationJob
+from core.registry import ModelSpec
 
 
 def serving_window(model: ModelSpec, engine_config: dict[str, Any] | None = None) -> int:

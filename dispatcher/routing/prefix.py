@@ -6,7 +6,7 @@ block's hash covers its parent's hash, the block's token ids, and the model's id
 (name and revision), so equal hashes mean equal prefixes of the same model, and two
 prompts share exactly the leading blocks they share. Only full blocks are hashed.
 
-Which workers hold which blocks lives in Redis (dispatcher.store.hints).
+Which workers hold which blocks lives in Redis (core.store.hints).
 
 Without a tokenizer for the model (its HF folder is not prepared on this host), the chain
 is built over blocks of characters of the rendered prompt instead: an approximation,
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dispatcher.jobs import GenerationJob
-from dispatcher.registry import ModelSpec
+from core.jobs import GenerationJob
+from core.registry import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Measured backend profiles (the seed's EXP-TBD table) and a memory estimate per 7B.
 
-`ib bench profiles` (ops.profile_bench) measures each live backend on the same
+`ib bench profiles` (ops.profiles.bench) measures each live backend on the same
 reference workload and stores one row per (backend, hardware kind) in a ProfileBook
 (``config/profiles.json``); rows measured elsewhere (a GPU host) are kept when this
 machine re-measures its own. The dispatcher's ``profile`` policy reads the book.
@@ -19,8 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from dispatcher import settings
-from dispatcher.registry import load_backends
+from core import settings
+from core.backends import load_backends
 
 
 @dataclass(frozen=True)

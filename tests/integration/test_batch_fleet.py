@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from conftest import ib, start_worker, wait_for
-from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, line_job_id
+from core.records import CHAT_URL, COMPLETIONS_URL, line_job_id
+from core.store import keys
 from dispatcher.client import Client
-from dispatcher.store import keys
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
@@ -183,8 +183,8 @@ def test_cancel_mid_batch_keeps_finished_lines_and_drops_the_rest(client, redis_
 
 
 def test_a_killed_worker_and_a_restarted_broker_lose_nothing_and_double_nothing(tmp_path):
-    from ops.broker import EmbeddedBroker
-    from ops.localfleet import free_port
+    from ops.local.broker import EmbeddedBroker
+    from ops.subprocesses import free_port
 
     port, data = free_port(), tmp_path / "valkey"
     broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
@@ -199,7 +199,7 @@ def test_a_killed_worker_and_a_restarted_broker_lose_nothing_and_double_nothing(
             # what it held when it died (no live worker has reaped it yet: its record stays)
             held = {k.decode() for k in client.redis.hkeys(keys.inflight(first.worker_id))}
             # More messages reserved than running (4 threads, prefetch 3 each): the ones not
-            # running at the reconnect are put back by workers/reconnect.py.
+            # running at the reconnect are put back by workers/redelivery/reconnect.py.
             second = start_worker(
                 url,
                 "llamacpp",
@@ -211,7 +211,7 @@ def test_a_killed_worker_and_a_restarted_broker_lose_nothing_and_double_nothing(
             broker.server.stop()  # SIGTERM: the append-only file is flushed
             # Stay down until the worker sees the loss (mostly at once), or 20 s. A worker whose
             # prefetch is full reads nothing (kombu leaves the dead socket's event alone while
-            # it cannot take more) and its running jobs wait for Redis (workers.outage); it
+            # it cannot take more) and its running jobs wait for Redis (workers.running.outage); it
             # sees the loss when the first of them acks after the broker is back. Either way
             # the reconnect path below runs.
             lost = lambda: "Connection to broker lost" in second.log_path.read_text()  # noqa: E731
@@ -321,8 +321,8 @@ def test_a_line_whose_message_a_dying_worker_took_is_sent_again(redis_url, tmp_p
     import signal
 
     from conftest import own_database
+    from core.celery_app import priority_queue_names
     from dispatcher.batch.feeder import BatchFeeder
-    from dispatcher.celery_app import priority_queue_names
 
     monkeypatch.setenv("IB_BATCH_LOST_LINE_CHECK_S", "2")
     caplog.set_level(logging.WARNING, logger="dispatcher.batch.feeder")
@@ -333,10 +333,10 @@ def test_a_line_whose_message_a_dying_worker_took_is_sent_again(redis_url, tmp_p
             with Client(url) as client:
                 os.kill(worker.proc.pid, signal.SIGSTOP)  # live for the fleet view a while yet, taking nothing
                 batch = client.batches.create(write_file(tmp_path / "r.jsonl", 6, max_tokens=8), model=MODEL)
-                feeder = BatchFeeder(client, "test-feeder")
+                feeder = BatchFeeder(client.parts, "test-feeder")
                 feeder.run(once=True)
                 assert int(client.batches.store.get(batch.id)["fed"]) == 6
-                lists = priority_queue_names("ib.llamacpp", client.priorities.steps())
+                lists = priority_queue_names("ib.llamacpp", client.fleet.steps)
                 taken = next(m for q in lists if (m := client.redis.rpop(q)) is not None)
                 lost_id = json.loads(taken)["headers"]["id"]
                 os.kill(worker.proc.pid, signal.SIGCONT)

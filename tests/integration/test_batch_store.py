@@ -14,11 +14,11 @@ import time
 import pytest
 
 from conftest import own_database, wait_for
+from core.records import CHAT_URL, line_job_id
+from core.store import keys
+from core.store.jobstore import LineRecord
 from dispatcher.batch.feeder import BatchFeeder
-from dispatcher.batch.records import CHAT_URL, line_job_id
 from dispatcher.client import Client
-from dispatcher.store import keys
-from dispatcher.store.jobstore import LineRecord
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
@@ -135,7 +135,7 @@ def test_a_line_is_recorded_once_and_the_last_one_completes_the_batch(client):
 
 def test_the_feeder_keeps_the_queues_bounded_and_resumes_a_dead_feeders_chunk(client):
     batch = client.batches.create([good(i) for i in range(1, 31)])
-    feeder = BatchFeeder(client, owner="t")
+    feeder = BatchFeeder(client.parts, owner="t")
     assert drain(feeder) == 10  # max_queued: 10 lines waiting, no more
     assert len(queued(client)) == 10 and client.batches.retrieve(batch.id).fed == 10
     assert client.batches.retrieve(batch.id).backends == {"llamacpp": 10}  # the tree's batch choice on CPU
@@ -156,7 +156,7 @@ def test_the_feeder_keeps_the_queues_bounded_and_resumes_a_dead_feeders_chunk(cl
 
 def test_cancel_drops_pending_lines_and_ends_after_the_grace(client, url, monkeypatch):
     batch = client.batches.create([good(i) for i in range(1, 21)])
-    feeder = BatchFeeder(client, owner="t")
+    feeder = BatchFeeder(client.parts, owner="t")
     drain(feeder)
     cancelled = client.batches.cancel(batch.id)
     assert cancelled.status == "cancelling" and cancelled.cancelling_at
@@ -165,7 +165,7 @@ def test_cancel_drops_pending_lines_and_ends_after_the_grace(client, url, monkey
     assert drain(feeder) == 0  # nothing more is fed
     monkeypatch.setenv("IB_BATCH_CANCEL_GRACE_S", "0")
     with Client(url) as c2:  # config is read when a client starts
-        drain(BatchFeeder(c2, owner="t"))
+        drain(BatchFeeder(c2.parts, owner="t"))
     done = client.batches.retrieve(batch.id)
     assert done.status == "cancelled" and done.request_counts.failed == 20
     codes = {r["error"]["code"] for r in client.batches.results(batch.id)}
@@ -174,7 +174,7 @@ def test_cancel_drops_pending_lines_and_ends_after_the_grace(client, url, monkey
 
 def test_a_batch_past_its_window_expires(client):
     batch = client.batches.create([good(1), good(2), good(3)], completion_window="1s")
-    feeder = BatchFeeder(client, owner="t")
+    feeder = BatchFeeder(client.parts, owner="t")
     time.sleep(1.2)
     drain(feeder)
     done = client.batches.retrieve(batch.id)
@@ -198,13 +198,13 @@ def test_an_interrupted_or_abandoned_validation_fails_the_batch(client, url, mon
     )
     monkeypatch.setenv("IB_BATCH_VALIDATION_STALE_S", "0")
     with Client(url) as c2:
-        BatchFeeder(c2, owner="t").tick()
+        BatchFeeder(c2.parts, owner="t").tick()
     orphan = client.batches.retrieve("batch_orphan")
     assert orphan.status == "failed" and orphan.errors.data[0]["code"] == "validation_abandoned"
 
 
 def test_one_feeder_holds_the_lease_at_a_time(client):
-    a, b = BatchFeeder(client, owner="a"), BatchFeeder(client, owner="b")
+    a, b = BatchFeeder(client.parts, owner="a"), BatchFeeder(client, owner="b")
     assert a.holds_lease() and a.holds_lease()
     assert not b.holds_lease()
     a.run(once=True)  # nothing to do: returns and lets the lease go
@@ -216,7 +216,7 @@ def test_an_idle_feeder_steps_once_a_second_and_one_without_the_lease_asks_for_i
     holder with no active batch steps every feed_idle_interval_s (1 s), one without
     the lease asks for it every quarter lease (2.5 s), and a new batch is still fed
     within the idle interval."""
-    holder, other = BatchFeeder(client, owner="h"), BatchFeeder(client, owner="o")
+    holder, other = BatchFeeder(client.parts, owner="h"), BatchFeeder(client, owner="o")
     steps = {"h": 0, "o": 0}
     for feeder in (holder, other):
 
@@ -240,8 +240,8 @@ def test_an_idle_feeder_steps_once_a_second_and_one_without_the_lease_asks_for_i
 
 
 def test_unknown_batch_and_bad_options_are_refused(client):
+    from core.errors import UnknownModelError
     from dispatcher.batch.api import BatchInputError, UnknownBatchError
-    from dispatcher.jobs import UnknownModelError
 
     with pytest.raises(UnknownBatchError):
         client.batches.retrieve("batch_nope")

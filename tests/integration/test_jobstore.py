@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from conftest import wait_for
-from dispatcher.store import keys
-from dispatcher.store.jobstore import JobStore
+from core.store import keys
+from core.store.jobstore import JobStore
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def test_begin_sees_a_cancel_that_came_while_queued(store):
 
 
 def test_every_cancel_is_announced_to_a_watching_worker_and_sets_the_flag_it_reads(store):
-    from workers.cancel_watch import CancelWatcher
+    from workers.running.cancel_watch import CancelWatcher
 
     job, batch, line = (uuid.uuid4().hex for _ in range(3))
     reads: list[int] = []
@@ -67,7 +67,7 @@ def test_every_cancel_is_announced_to_a_watching_worker_and_sets_the_flag_it_rea
 
 
 def test_a_second_delivery_of_a_job_running_on_a_live_worker_is_a_duplicate(store):
-    from dispatcher.store import keys
+    from core.store import keys
 
     job = uuid.uuid4().hex
     store.claim([(job, {})])

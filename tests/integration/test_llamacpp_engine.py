@@ -11,8 +11,8 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from dispatcher.jobs import GenerationJob
-from dispatcher.registry import load_backends
+from core.backends import load_backends
+from core.jobs import GenerationJob
 from workers.engines.llamacpp.engine import LlamaCppEngine, check_gguf_file
 
 pytestmark = pytest.mark.integration

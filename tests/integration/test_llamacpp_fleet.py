@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import ib, start_worker, start_worker_with_artifact, without_tokenizer
-from dispatcher.jobs import ContextOverflowError
+from core.errors import ContextOverflowError
 
 pytestmark = pytest.mark.integration
 

@@ -202,7 +202,7 @@ def test_a_folder_the_onnx_builder_refuses_is_never_sent_to_onnx(redis_url, adde
     config (it is asked at add time), so the tree's ONNX choice falls back, saying why."""
     out = ib("models", "prepare", GEMMA, "--format", "hf", redis_url=redis_url, timeout=480)
     assert out.returncode == 0, out.stdout + out.stderr
-    from dispatcher.registry import ModelRegistry
+    from core.registry import ModelRegistry
 
     hf = ModelRegistry.from_config().get(GEMMA).artifact_path("hf")
     config = json.loads((hf / "config.json").read_text())
@@ -271,8 +271,8 @@ def test_a_batch_mixing_models_completes_with_one_error_line(client, fleet, tmp_
 
 
 def test_ib_up_starts_a_worker_per_model_on_each_backend_that_can_run_it(added, user_models):
-    from dispatcher.jobs import UnsupportedByBackendError
-    from ops.up import LocalFleet
+    from core.errors import UnsupportedByBackendError
+    from ops.local.fleet import LocalFleet
 
     pairs = LocalFleet(backends=["llamacpp", "pytorch"], models=[SMOL, GEMMA]).pairs()
     assert pairs == [("llamacpp", SMOL), ("pytorch", SMOL), ("llamacpp", GEMMA), ("pytorch", GEMMA)]

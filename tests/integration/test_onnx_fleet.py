@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from conftest import start_worker, start_worker_with_artifact, without_tokenizer
-from dispatcher.jobs import ContextOverflowError
+from core.errors import ContextOverflowError
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,10 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ARTIFACTS, wait_for
-from dispatcher.fleet import read_fleet
-from dispatcher.jobs import GenerationJob, Selection
-from ops.localfleet import WorkerProcess, free_port
+from core.fleet import read_fleet
+from core.jobs import GenerationJob, Selection
+from ops.local.processes import WorkerProcess
+from ops.subprocesses import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from conftest import start_worker
-from dispatcher.store import keys
-from dispatcher.store.hints import PrefixHints
+from core.store import keys
+from core.store.hints import PrefixHints
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
@@ -99,7 +99,7 @@ def test_jobs_follow_their_prefix_and_a_dead_workers_hints_vanish(client, redis_
 
 
 def test_the_model_tokenizer_chains_shared_system_prompts_block_by_block(registry, hf_dir, reference):
-    from dispatcher.jobs import GenerationJob
+    from core.jobs import GenerationJob
     from dispatcher.routing.prefix import PrefixHasher, load_tokenizer
 
     spec = registry.get(MODEL)

@@ -37,8 +37,8 @@ def test_a_job_sent_to_a_workers_own_queue_does_not_wait_behind_the_shared_queue
     worker reads that queue before the shared one at each priority."""
     import uuid
 
-    from dispatcher.celery_app import own_queue_for
-    from dispatcher.jobs import GenerationJob
+    from core.celery_app import own_queue_for
+    from core.jobs import GenerationJob
 
     assert not client.workers(max_age_s=0).live(backend="llamacpp")  # all wait for the worker below
     worker_id = f"llamacpp-{uuid.uuid4().hex[:8]}"

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import without_tokenizer
-from dispatcher.jobs import (
+from core.errors import (
     ContextOverflowError,
     JobCancelledError,
     JobValidationError,
@@ -15,7 +15,7 @@ from dispatcher.jobs import (
     UnknownJobError,
     UnknownModelError,
 )
-from dispatcher.store import keys
+from core.store import keys
 
 pytestmark = pytest.mark.integration
 

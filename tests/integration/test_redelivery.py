@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import own_database, start_worker, wait_for
-from dispatcher.store import keys
+from core.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 # its task id and delivery tag.
 _TAKER = (
     "import os, sys\n"
-    "from dispatcher.celery_app import get_app\n"
+    "from core.celery_app import get_app\n"
     "with get_app(sys.argv[1]).connection_for_read() as conn:\n"
     "    for _ in range(int(sys.argv[3])):\n"
     "        m = conn.default_channel.basic_get(sys.argv[2], no_ack=False)\n"
@@ -73,7 +73,7 @@ def test_a_message_taken_but_never_recorded_is_put_back(client, redis_url):
     sweep puts it back after two heartbeat TTLs, not the 2 h visibility timeout."""
     import uuid
 
-    from dispatcher.jobs import GenerationJob, Selection
+    from core.jobs import GenerationJob, Selection
 
     # The job goes to the own queue of a worker that starts later, so that the message the
     # "dying consumer" takes is this one, whatever else earlier tests left in shared queues.
@@ -101,10 +101,10 @@ def test_a_broker_outage_longer_than_the_heartbeat_ttl_reaps_no_live_worker(tmp_
     import os
     import signal
 
+    from core.store.hints import PrefixHints
     from dispatcher.client import Client
-    from dispatcher.store.hints import PrefixHints
-    from ops.broker import EmbeddedBroker
-    from ops.localfleet import free_port
+    from ops.local.broker import EmbeddedBroker
+    from ops.subprocesses import free_port
 
     ttl = float(os.environ["IB_HEARTBEAT_TTL_S"])
     port, data = free_port(), tmp_path / "valkey"
@@ -146,12 +146,12 @@ def test_a_broker_outage_longer_than_the_heartbeat_ttl_reaps_no_live_worker(tmp_
 def test_jobs_running_through_an_outage_longer_than_the_retry_budget_record_their_outcome_once(tmp_path):
     """The worker's Redis client gives up after ``redis.retry_s`` (1 s here) and the broker
     stays down while jobs run: at least 6 s, and until a job's write has waited for it.
-    Their tasks wait for Redis (workers.outage) and record the outcome once it is back:
+    Their tasks wait for Redis (workers.running.outage) and record the outcome once it is back:
     every job completes, and none ran twice (a task that raised had its job either run
     again or left "running" with its message acked)."""
     from dispatcher.client import Client
-    from ops.broker import EmbeddedBroker
-    from ops.localfleet import free_port
+    from ops.local.broker import EmbeddedBroker
+    from ops.subprocesses import free_port
 
     port, data = free_port(), tmp_path / "valkey"
     broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
@@ -189,9 +189,9 @@ def test_the_unacked_sweep_drops_finished_jobs_and_leaves_other_apps_messages_al
     import json
     import uuid
 
+    from core.jobs import GenerationJob, Selection
     from dispatcher.client import Client
-    from dispatcher.jobs import GenerationJob, Selection
-    from workers import reaper
+    from workers.redelivery import reaper
 
     with own_database(redis_url, 12) as url, Client(url) as client:
         own = f"ib.llamacpp.sweep-{uuid.uuid4().hex[:6]}"
@@ -223,9 +223,9 @@ def test_the_unacked_sweep_drops_a_group_only_when_all_its_jobs_finished(redis_u
     import json
     import uuid
 
+    from core.jobs import GenerationJob, Selection
     from dispatcher.client import Client
-    from dispatcher.jobs import GenerationJob, Selection
-    from workers import reaper
+    from workers.redelivery import reaper
 
     with own_database(redis_url, 12) as url, Client(url) as client:
         own = f"ib.vllm.sweep-{uuid.uuid4().hex[:6]}"
@@ -260,7 +260,7 @@ def test_a_duplicate_delivery_waits_for_the_live_run_and_takes_over_only_if_its_
     run's outcome. If that worker dies instead, the waiting delivery becomes the next attempt."""
     import uuid
 
-    from dispatcher.jobs import GenerationJob
+    from core.jobs import GenerationJob
 
     worker_id = f"llamacpp-{uuid.uuid4().hex[:8]}"
     worker = start_worker(redis_url, "llamacpp", worker_id=worker_id, extra_args=["--threads=1"])
@@ -299,7 +299,7 @@ def test_a_worker_restarted_under_the_same_id_puts_back_what_its_previous_proces
     nor taken for a duplicate of a run that no longer exists."""
     import uuid
 
-    from dispatcher.jobs import GenerationJob, Selection
+    from core.jobs import GenerationJob, Selection
 
     worker_id = f"llamacpp-{uuid.uuid4().hex[:8]}"
     own = f"ib.llamacpp.{worker_id}"

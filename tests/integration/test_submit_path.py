@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from conftest import own_database
+from core.errors import EnqueueError
+from core.fleet import HardwareInfo, WorkerInfo
+from core.store import keys
 from dispatcher.client import Client
-from dispatcher.fleet import HardwareInfo, WorkerInfo
-from dispatcher.jobs import EnqueueError
-from dispatcher.store import keys
-from workers.heartbeat import Heartbeat
+from workers.lifecycle.heartbeat import Heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,7 @@ def test_pushes_that_fail_midway_leave_a_record_exactly_where_a_message_went(cli
 
 
 def test_a_cached_view_is_decided_on_while_the_fleet_is_unchanged(client):
-    client.fleet_cache_s = 0.0  # every view is past the plain cache at once
+    client.fleet.cache_s = 0.0  # every view is past the plain cache at once
     beat = heartbeat(client.redis, "pytorch")
     assert not lacked_a_worker(client.submit(**JOB))  # read first: there was no view
     drain_behind_the_epochs_back(client.redis, beat)
@@ -125,7 +125,7 @@ def test_a_cached_view_is_decided_on_while_the_fleet_is_unchanged(client):
 
 
 def test_a_worker_whose_heartbeat_expired_fails_the_views_premise(client):
-    client.fleet_cache_s = 0.0
+    client.fleet.cache_s = 0.0
     beat = heartbeat(client.redis, "pytorch")
     client.submit(**JOB)
     client.redis.delete(keys.worker(beat.info.worker_id))  # it died: its key expired, no beat
@@ -135,7 +135,7 @@ def test_a_worker_whose_heartbeat_expired_fails_the_views_premise(client):
 
 
 def test_a_view_older_than_the_stale_limit_is_read_first(client):
-    client.fleet_cache_s, client.fleet_stale_s = 0.0, 0.05
+    client.fleet.cache_s, client.fleet.stale_s = 0.0, 0.05
     beat = heartbeat(client.redis, "pytorch")
     client.submit(**JOB)
     drain_behind_the_epochs_back(client.redis, beat)
@@ -145,8 +145,8 @@ def test_a_view_older_than_the_stale_limit_is_read_first(client):
 
 @pytest.mark.parametrize("policy", ["fallback", "queue", "reject"])
 def test_a_worker_that_started_since_the_view_was_read_is_not_missed(client, policy):
-    client.fleet_cache_s = 0.0
-    client.policy = client.policy.model_copy(update={"no_worker_policy": policy})
+    client.fleet.cache_s = 0.0
+    client.router.policy = client.router.policy.model_copy(update={"no_worker_policy": policy})
     heartbeat(client.redis, "onnx")
     client.workers()  # the view: an ONNX worker only
     heartbeat(client.redis, "pytorch")  # its first beat bumps the epoch

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from conftest import ARTIFACTS, start_worker
-from dispatcher.jobs import ContextOverflowError, EngineError
-from ops.localfleet import LlamaCppServer
+from core.errors import ContextOverflowError, EngineError
+from ops.local.peers import LlamaCppServer
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_streaming_passes_the_servers_deltas_through(client, tgi_worker):
 def refusing_worker(redis_url, hf_dir):
     """A TGI worker in front of vLLM's own OpenAI server (512-token context), which refuses
     an over-long request with HTTP 400 before streaming, as TGI itself does (422)."""
-    from ops.localfleet import VllmOpenAIServer
+    from ops.local.peers import VllmOpenAIServer
 
     server = VllmOpenAIServer(hf_dir, MODEL, max_model_len=512, log_dir=ARTIFACTS / "logs").start()
     worker = start_worker(redis_url, "tgi", extra_args=[f"--endpoint={server.url}"])

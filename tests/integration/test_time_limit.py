@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import start_worker
-from dispatcher.jobs import JobTimeoutError
+from core.errors import JobTimeoutError
 
 pytestmark = pytest.mark.integration
 

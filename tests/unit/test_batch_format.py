@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from core.errors import ContextOverflowError
+from core.jobs import GenerationJob, JobResult, Timings, Usage
+from core.records import CHAT_URL, COMPLETIONS_URL, error_record, line_record, output_record
+from core.registry import ModelRegistry
 from dispatcher.batch.format import LineError, ParsedLine, parse_line
-from dispatcher.batch.records import CHAT_URL, COMPLETIONS_URL, error_record, line_record, output_record
-from dispatcher.jobs import ContextOverflowError, GenerationJob, JobResult, Timings, Usage
-from dispatcher.registry import ModelRegistry
 
 MODEL = "smollm2-135m"
 

@@ -11,9 +11,9 @@ import tracemalloc
 
 import pytest
 
+from core.registry import ModelRegistry
 from dispatcher.batch.format import LineError, ParsedLine, parse_line
 from dispatcher.batch.input import LineProblem, NotJsonLinesError, read_lines
-from dispatcher.registry import ModelRegistry
 
 MODEL = "smollm2-135m"
 LINES = [json.dumps({"custom_id": f"r{i}", "prompt": f"café {i}", "model": MODEL}) for i in range(3)]
@@ -94,7 +94,7 @@ def test_a_valid_line_without_its_final_newline_still_parses(registry):
 
 
 def test_short_jobs_are_cleared_by_their_bytes_without_a_tokenizer():
-    from dispatcher.jobs import GenerationJob
+    from core.jobs import GenerationJob
     from dispatcher.routing.context import might_overflow
 
     short = GenerationJob(model=MODEL, prompt="x" * 1000, sampling={"max_tokens": 16})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from workers.engines.batching import BatchQueue
+from workers.engines.batched import BatchQueue
 
 
 def test_batches_group_by_key_and_keep_order():

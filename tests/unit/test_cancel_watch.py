@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from conftest import wait_for
-from workers.cancel_watch import CancelWatcher
+from workers.running.cancel_watch import CancelWatcher
 
 
 def test_flags_of_watched_jobs_are_seen_after_a_poll():

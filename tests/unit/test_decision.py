@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.fleet import FleetView, HardwareInfo, WorkerInfo
-from dispatcher.jobs import GenerationJob, NoLiveWorkerError, UnsupportedByBackendError
-from dispatcher.registry import ModelRegistry, load_backends
+from core.backends import load_backends
+from core.errors import NoLiveWorkerError, UnsupportedByBackendError
+from core.fleet import FleetView, HardwareInfo, WorkerInfo
+from core.jobs import GenerationJob
+from core.registry import ModelRegistry
+from core.settings import fleet_config
 from dispatcher.routing.decision import decide
-from dispatcher.settings import fleet_config
 
 BACKENDS = load_backends()
 POLICY = fleet_config().decision  # config/fleet.yaml's, as a fleet runs with it
@@ -238,7 +240,7 @@ def test_a_backend_that_cannot_run_the_architecture_is_never_picked_and_the_path
 
 
 def test_messages_for_a_model_without_a_chat_template_are_refused_at_submit():
-    from dispatcher.jobs import JobValidationError
+    from core.errors import JobValidationError
 
     with pytest.raises(JobValidationError, match="send a prompt"):
         decide(

@@ -127,7 +127,7 @@ def test_every_backend_scales_on_each_of_its_priority_queues():
     scaled = {d["spec"]["scaleTargetRef"]["name"]: d for d in manifests() if d["kind"] == "ScaledObject"}
     deployments = {d["metadata"]["name"] for d in manifests() if d["kind"] == "Deployment"}
     assert set(scaled) == {f"worker-{b}" for b in ("llamacpp", "onnx", "vllm", "tgi")} and set(scaled) <= deployments
-    from dispatcher.settings import fleet_config
+    from core.settings import fleet_config
 
     steps = fleet_config().priorities.steps()
     for name, obj in scaled.items():
@@ -141,8 +141,8 @@ def test_every_backend_scales_on_each_of_its_priority_queues():
         assert queries == ([f'sum(ib_own_queue_jobs{{backend="{backend}"}})'] if affinity else []), name
     from prometheus_client import CollectorRegistry
 
-    from dispatcher.fleet import Health
-    from workers.metrics import WorkerMetrics
+    from core.fleet import Health
+    from workers.lifecycle.metrics import WorkerMetrics
 
     registry = CollectorRegistry()
     metrics = WorkerMetrics("llamacpp", "w1", "smollm2-135m", registry=registry)
@@ -216,7 +216,7 @@ def test_the_gateway_is_deployed_stateless_behind_a_service_with_keys_from_a_sec
 def test_rabbitmq_keeps_a_running_jobs_delivery_longer_than_the_job_time_limit():
     """Acks late: RabbitMQ must not close the channel of a job still running (its
     consumer_timeout requeues the message, and the job would be delivered again)."""
-    from dispatcher.settings import fleet_config
+    from core.settings import fleet_config
 
     conf = (ROOT / "deploy" / "rabbitmq" / "rabbitmq.conf").read_text()
     timeout_ms = int(re.search(r"^consumer_timeout\s*=\s*(\d+)", conf, re.M).group(1))

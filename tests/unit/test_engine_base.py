@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.jobs import ContextOverflowError, GenerationJob, JobTimeoutError
-from dispatcher.registry import BackendSpec, ModelSpec
+from core.backends import BackendSpec
+from core.errors import ContextOverflowError, JobTimeoutError
+from core.jobs import GenerationJob
+from core.registry import ModelSpec
 from workers.engines.base import Engine
 from workers.engines.request import EngineRequest
 

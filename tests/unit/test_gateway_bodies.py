@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.jobs import parse_job
+from core.jobs import parse_job
 from gateway import auth
 from gateway.bodies import ChatCompletionRequest, CompletionRequest, parse
 from gateway.errors import APIError

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dispatcher.fleet import FleetView, HardwareInfo, WorkerInfo
+from core.fleet import FleetView, HardwareInfo, WorkerInfo
+from core.jobs import GenerationJob, PathStep, Selection
 from dispatcher.grouping import group_sends, units_id
-from dispatcher.jobs import GenerationJob, PathStep, Selection
 
 LEVELS = {"interactive": 0, "normal": 3, "batch": 6}
 

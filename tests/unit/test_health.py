@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dispatcher.fleet import FleetView, GPUHealth, Health, HealthFacts
-from dispatcher.settings import HealthSettings, fleet_config
+from core.fleet import FleetView, GPUHealth, Health, HealthFacts
+from core.settings import HealthSettings, fleet_config
 from tests.unit.test_decision import job, run, worker
-from workers.health import ConsumeGate, evaluate
+from workers.lifecycle.health import ConsumeGate, evaluate
 
 GOOD_GPU = GPUHealth(
     index=0, memory_used_mb=60_000, memory_total_mb=143_771, utilization_pct=97, temperature_c=55, ecc_uncorrected=0
@@ -143,7 +143,7 @@ class FakeNVML:
 
 
 def test_nvml_reader_reports_each_board_and_the_xid_events_it_saw():
-    from workers.hardware import NvmlHealthReader
+    from workers.lifecycle.hardware import NvmlHealthReader
 
     nvml = FakeNVML()
     reader = NvmlHealthReader(nvml, ["h0", "h1"])
@@ -162,7 +162,7 @@ def test_the_reader_uses_names_that_nvidia_ml_py_has():
     pynvml = pytest.importorskip("pynvml")  # nvidia-ml-py: the dev extra installs it (no driver needed)
     used = [n for n in dir(FakeNVML) if n.startswith(("nvml", "NVML"))]
     assert [n for n in used if not hasattr(pynvml, n)] == []
-    from workers.hardware import NvmlHealthReader
+    from workers.lifecycle.hardware import NvmlHealthReader
 
     try:
         pynvml.nvmlInit()
@@ -179,7 +179,7 @@ def test_the_reader_uses_names_that_nvidia_ml_py_has():
 
 
 def test_the_peak_rss_is_the_kernels_high_water_mark_not_a_sample():
-    from workers.health import process_peak_rss_mb, process_rss_mb
+    from workers.lifecycle.health import process_peak_rss_mb, process_rss_mb
 
     before = process_peak_rss_mb()
     if before is None:

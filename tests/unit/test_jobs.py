@@ -6,15 +6,8 @@ import json
 
 import pytest
 
-from dispatcher.jobs import (
-    ERROR_TYPES,
-    ContextOverflowError,
-    GenerationJob,
-    JobError,
-    JobValidationError,
-    UnknownModelError,
-    parse_job,
-)
+from core.errors import ERROR_TYPES, ContextOverflowError, JobError, JobValidationError, UnknownModelError
+from core.jobs import GenerationJob, parse_job
 
 
 def test_minimal_job_gets_defaults():
@@ -60,7 +53,7 @@ def test_job_round_trips_through_json():
 @pytest.mark.parametrize("cls", list(ERROR_TYPES.values()))
 def test_every_error_type_round_trips_through_json(cls):
     err = cls("something went wrong", {"n": 1})
-    data = json.loads(err.to_json())
+    data = json.loads(json.dumps(err.to_dict()))  # as the job record stores it
     assert data["code"] == cls.code
     back = JobError.from_dict(data)
     assert type(back) is cls and back.message == err.message and back.details == {"n": 1}

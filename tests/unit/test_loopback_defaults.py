@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from ops.flower import FlowerProcess
-from ops.localfleet import GatewayProcess
-from ops.up import LocalFleet, serve_host_metrics
+from ops.flower.process import FlowerProcess
+from ops.local.fleet import LocalFleet, serve_host_metrics
+from ops.local.processes import GatewayProcess
 
 
 def test_flower_and_the_gateway_bind_loopback_unless_told():

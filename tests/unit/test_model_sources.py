@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dispatcher.models import sources
-from dispatcher.registry import ModelRegistry
+from core.models import sources
+from core.registry import ModelRegistry
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from dispatcher.fleet import FleetView, HardwareInfo, WorkerInfo
-from dispatcher.jobs import PathStep, Selection
-from dispatcher.routing.decision import apply_affinity, cap_affinity
+from core.fleet import FleetView, HardwareInfo, WorkerInfo
+from core.jobs import PathStep, Selection
+from core.settings import fleet_config
+from dispatcher.routing.affinity import apply_affinity, cap_affinity
 from dispatcher.routing.prefix import chain
-from dispatcher.settings import fleet_config
 
 POLICY = fleet_config().decision
 
@@ -176,7 +176,7 @@ def test_ngram_drafts_continue_the_latest_earlier_repeat():
 def test_a_missing_tokenizer_is_looked_for_again_later_and_a_found_one_is_kept():
     """A client started before the model's HF folder was prepared must not hash with
     character blocks for the rest of its life (the feeder inside a worker lives for days)."""
-    from dispatcher.registry import ModelSpec
+    from core.registry import ModelSpec
     from dispatcher.routing.prefix import PrefixHasher
 
     model = ModelSpec(name="m", display_name="m", family="llama", hf_native=True, context_length=64)

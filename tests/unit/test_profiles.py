@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.fleet import FleetView
+from core.fleet import FleetView
 from dispatcher.routing.decision import decide
 from dispatcher.routing.profiles import (
     LLAMA2_7B,
@@ -15,7 +15,7 @@ from dispatcher.routing.profiles import (
     load,
     save,
 )
-from ops.profile_docs import END, START, write
+from ops.profiles.docs import END, START, write
 from tests.unit.test_decision import BACKENDS, MODELS, POLICY, job, worker
 
 SMOLLM2 = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.jobs import UnknownModelError
-from dispatcher.registry import ModelRegistry, resolve_source
+from core.errors import UnknownModelError
+from core.registry import ModelRegistry, resolve_source
 
 
 def test_smollm2_is_registered_with_its_gguf_and_derivable_hf_and_onnx():

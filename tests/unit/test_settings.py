@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dispatcher import connection, settings
+from core import connection, settings
 
 
 def test_env_overrides_fleet_config(monkeypatch):
@@ -107,7 +107,7 @@ def test_sections_are_typed_and_frozen():
 
 
 def test_backends_file_is_typed_and_a_misspelt_key_is_refused():
-    from dispatcher.registry import LlamaCppSpec, load_backends
+    from core.backends import LlamaCppSpec, load_backends
 
     specs = load_backends()
     assert isinstance(specs["llamacpp"], LlamaCppSpec) and specs["llamacpp"].sequences == specs["llamacpp"].max_seqs
@@ -119,7 +119,8 @@ def test_backends_file_is_typed_and_a_misspelt_key_is_refused():
 
 
 def test_a_spec_for_a_model_carries_its_context_and_refuses_unknown_changes():
-    from dispatcher.registry import ModelRegistry, load_backends
+    from core.backends import load_backends
+    from core.registry import ModelRegistry
 
     model = ModelRegistry.from_config().get("smollm2-135m")
     spec = load_backends()["llamacpp"]

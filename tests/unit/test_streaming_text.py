@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispatcher.jobs import SamplingParams
+from core.jobs import SamplingParams
 from workers.engines.base import EngineRequest
 from workers.engines.decoding import stream_text
 

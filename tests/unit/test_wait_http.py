@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ops.localfleet import free_port, wait_http
+from ops.subprocesses import free_port, wait_http
 
 
 def test_a_server_that_stays_silent_is_stopped_before_the_timeout_is_raised(tmp_path):

@@ -17,8 +17,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
-from dispatcher.jobs import GenerationJob, JobTimeoutError, check_context
-from dispatcher.registry import BackendSpec, ModelSpec, SpeculativeConfig
+from core.backends import BackendSpec, SpeculativeConfig
+from core.errors import JobTimeoutError
+from core.jobs import GenerationJob, check_context
+from core.registry import ModelSpec
 from workers.engines.decoding import first_stop
 from workers.engines.request import CancelSource, EngineOutput, EngineRequest, never_cancelled
 
@@ -181,7 +183,7 @@ class Engine(ABC, Generic[SpecT]):
 
     def start(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
         """Hand one job to the scheduler without waiting for it (the jobs of a group
-        message start together: workers.group). It counts as in flight until its future
+        message start together: workers.running.group). It counts as in flight until its future
         completes; the caller waits on ``request.future`` and sets ``aborted`` to give up."""
         request = self.request_for(job, on_text)
         with self._lock:

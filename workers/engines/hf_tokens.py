@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.jobs import GenerationJob
+from core.jobs import GenerationJob
 
 
 class HFTokenizerMixin:

@@ -18,8 +18,8 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from dispatcher.jobs import EngineError
-from dispatcher.registry import OnnxSpec
+from core.backends import OnnxSpec
+from core.errors import EngineError
 from workers.engines.batched import BatchedEngine
 from workers.engines.decoding import BatchProgress
 from workers.engines.onnx_process import GeneratorFailed, GeneratorProcess, special_ids

@@ -1,7 +1,7 @@
 """PyTorch eager engine: transformers ``generate`` with static batching.
 
 Jobs with the same sampling configuration are padded on the left into one batch (up to
-``batch_size``, closed as workers.engines.batching says: ``arrival_gap_ms``,
+``batch_size``, closed as workers.engines.batched says: ``arrival_gap_ms``,
 ``max_wait_ms``) and decoded together. A per-step monitor (a StoppingCriteria) records
 each row's tokens and first-token time, and ends a row on its own max_tokens, stop
 string, EOS or cancel flag, so jobs in one batch may ask for different lengths; a row
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria
 
-from dispatcher.registry import PyTorchSpec
+from core.backends import PyTorchSpec
 from workers.engines.batched import BatchedEngine
 from workers.engines.decoding import BatchProgress
 from workers.engines.request import EngineRequest
@@ -80,8 +80,8 @@ class PyTorchEngine(BatchedEngine[PyTorchSpec]):
         spec = self.config.speculative
         if spec is None or spec.method != "draft":
             return None
-        from dispatcher.drafts import check_draft
-        from dispatcher.registry import ModelRegistry
+        from core.drafts import check_draft
+        from core.registry import ModelRegistry
 
         drafts = ModelRegistry.from_config().drafts_for(self.model.name)
         if not drafts:

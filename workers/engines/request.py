@@ -9,8 +9,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.jobs import EngineError, SamplingParams
-from dispatcher.registry import SpeculativeConfig
+from core.backends import SpeculativeConfig
+from core.errors import EngineError
+from core.jobs import SamplingParams
 
 CancelSource = Callable[[list[str]], set[str]]
 

@@ -32,8 +32,9 @@ from typing import Any
 import httpx
 import openai
 
-from dispatcher.jobs import ContextOverflowError, EngineError, GenerationJob, JobTimeoutError
-from dispatcher.registry import TgiSpec
+from core.backends import TgiSpec
+from core.errors import ContextOverflowError, EngineError, JobTimeoutError
+from core.jobs import GenerationJob
 from workers.engines.base import Engine
 from workers.engines.request import EngineOutput
 

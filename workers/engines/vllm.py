@@ -27,9 +27,10 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from dispatcher import settings
-from dispatcher.jobs import EngineError, SamplingParams
-from dispatcher.registry import SpeculativeConfig, VllmSpec
+from core import settings
+from core.backends import SpeculativeConfig, VllmSpec
+from core.errors import EngineError
+from core.jobs import SamplingParams
 from workers.engines.base import Engine
 from workers.engines.decoding import stream_text
 from workers.engines.hf_tokens import HFTokenizerMixin
@@ -139,8 +140,8 @@ class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
                 "prompt_lookup_max": spec.prompt_lookup_max,
                 "prompt_lookup_min": spec.prompt_lookup_min,
             }
-        from dispatcher.drafts import check_draft
-        from dispatcher.registry import ModelRegistry
+        from core.drafts import check_draft
+        from core.registry import ModelRegistry
 
         drafts = ModelRegistry.from_config().drafts_for(self.model.name)
         if not drafts:

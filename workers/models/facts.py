@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from dispatcher.models.sources import SourceError
+from core.models.sources import SourceError
 
 GGUF_MAGIC = b"GGUF"
 

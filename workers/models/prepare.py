@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from dispatcher.models import sources
-from dispatcher.registry import DERIVED_GGUF, Derivation, ModelRegistry, ModelSpec
+from core.models import sources
+from core.registry import DERIVED_GGUF, Derivation, ModelRegistry, ModelSpec
 
 log = logging.getLogger(__name__)
 

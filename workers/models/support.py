@@ -160,7 +160,7 @@ def converter_dir() -> Path | None:
     installed llama-cpp-python; None where it is not."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from dispatcher import settings
+    from core import settings
 
     try:
         folder = settings.data_dir() / f"llama.cpp-convert-{version('llama-cpp-python')}"

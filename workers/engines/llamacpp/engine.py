@@ -17,8 +17,9 @@ from typing import Any
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from dispatcher.jobs import EngineError, GenerationJob
-from dispatcher.registry import LlamaCppSpec
+from core.backends import LlamaCppSpec
+from core.errors import EngineError
+from core.jobs import GenerationJob
 from workers.engines.base import Engine, ModelArtifactError
 from workers.engines.llamacpp.scheduler import Scheduler
 from workers.engines.prefix_cache import PrefixStateCache

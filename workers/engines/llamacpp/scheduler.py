@@ -20,7 +20,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from dispatcher.jobs import EngineError
+from core.errors import EngineError
 from workers.engines.base import Engine
 from workers.engines.decoding import append_token
 from workers.engines.llamacpp.sequence import Sequence, make_sampler, reservation

@@ -7,7 +7,7 @@ from typing import Any
 
 import llama_cpp
 
-from dispatcher.jobs import SamplingParams
+from core.jobs import SamplingParams
 from workers.engines.request import EngineRequest
 
 

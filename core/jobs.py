@@ -1,0 +1,218 @@
+"""The job contract shared by the dispatcher and the workers (pydantic v2, JSON only).
+
+The task message is (GenerationJob, Selection): what was asked, and where the dispatcher
+sent it and why. A JobResult or a typed JobError (core.errors) comes back. Everything here round-trips
+through JSON, because that is the only serializer the fleet accepts.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from core.errors import ContextOverflowError, JobError, JobValidationError
+
+BACKENDS: tuple[str, ...] = ("pytorch", "vllm", "tgi", "llamacpp", "onnx")
+Backend = Literal["pytorch", "vllm", "tgi", "llamacpp", "onnx"]
+
+
+class Priority(str, Enum):
+    interactive = "interactive"
+    normal = "normal"
+    batch = "batch"
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class SamplingParams(BaseModel):
+    """OpenAI-style sampling. temperature 0 means greedy."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int = Field(default=128, ge=1, le=32768)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list, max_length=8)
+    seed: int | None = Field(default=None, ge=0)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class SLO(BaseModel):
+    """What the caller needs; None means the fleet default from config/fleet.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+    latency_target_ms: float | None = Field(default=None, gt=0)
+    throughput_target_tok_s: float | None = Field(default=None, ge=0)
+
+
+class GenerationJob(BaseModel):
+    """One text generation request, as submitted by a client."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=128)
+    model: str = Field(min_length=1)
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    slo: SLO = Field(default_factory=SLO)
+    hardware: Literal["gpu", "cpu"] | None = None  # a hint that overrides the live fleet
+    backend: Backend | None = None  # an override that skips the tree
+    priority: Priority = Priority.normal
+    batch_id: str | None = None
+    custom_id: str | None = None
+    batch_line: int | None = Field(default=None, ge=1)  # the line of the batch file it came from
+    stream: bool = False  # publish text deltas as they are generated (JobHandle.stream())
+    # Speculative decoding: None = the backend's default, False = never (opt out), True = wanted.
+    speculative: bool | None = None
+    submitted_at: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _prompt_xor_messages(self) -> GenerationJob:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.messages is not None and not self.messages:
+            raise ValueError("'messages' must not be empty")
+        return self
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    # Prompt tokens whose KV state the engine reused instead of evaluating (a prefix cache
+    # hit); OpenAI reports the same as usage.prompt_tokens_details.cached_tokens.
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Timings(BaseModel):
+    """Wall-clock epoch seconds. Queue wait and TTFT are measured from submission."""
+
+    submitted: float
+    started: float
+    first_token: float | None
+    finished: float
+
+    @property
+    def queue_wait_s(self) -> float:
+        return max(0.0, self.started - self.submitted)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.submitted
+
+    @property
+    def decode_s(self) -> float:
+        return self.finished - (self.first_token or self.started)
+
+
+class PathStep(BaseModel):
+    """One step the dispatcher took: a question of the tree or a hard constraint."""
+
+    check: str
+    answer: str
+    detail: str = ""
+
+    def render(self) -> str:
+        return f"{self.check}: {self.answer}" + (f" ({self.detail})" if self.detail else "")
+
+
+class Selection(BaseModel):
+    """The dispatcher's decision for one job, sent with it: backend, queue, format, the
+    engine config it expects, and the path that led there."""
+
+    backend: str
+    queue: str
+    model: str
+    format: str
+    config: dict[str, Any]
+    path: list[PathStep]
+    tree_choice: str
+    # The prompt's block-hash chain (the worker confirms it holds them once done), and
+    # the worker chosen for them, when prefix affinity won.
+    prefix_hashes: list[str] = Field(default_factory=list)
+    affinity_worker: str | None = None
+
+
+FinishReason = Literal["stop", "length", "cancelled"]
+JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
+
+
+class JobResult(BaseModel):
+    id: str
+    status: Literal["completed", "cancelled"]
+    model: str
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    backend: str
+    worker: str
+    path: list[PathStep] = Field(default_factory=list)
+    attempt: int = 1
+    batch_id: str | None = None
+    custom_id: str | None = None
+    batch_line: int | None = None
+    # method, target forward passes, tokens accepted beyond one per pass (None: not speculative)
+    speculative: dict[str, Any] | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode rate: tokens after the first over the time since the first."""
+        n = self.usage.completion_tokens
+        return (n - 1) / self.timings.decode_s if n > 1 and self.timings.decode_s > 0 else 0.0
+
+
+def check_context(job: GenerationJob, prompt_tokens: int, window: int) -> None:
+    """ContextOverflowError if the prompt and ``max_tokens`` do not fit in ``window``."""
+    need = prompt_tokens + job.sampling.max_tokens
+    if need > window:
+        raise ContextOverflowError(
+            f"this model's context window is {window} tokens; the job needs {need}"
+            f" ({prompt_tokens} in the prompt + max_tokens {job.sampling.max_tokens}):"
+            " shorten the prompt or lower max_tokens",
+            {"context_length": window, "prompt_tokens": prompt_tokens, "max_tokens": job.sampling.max_tokens},
+        )
+
+
+def result_of(status: str, payload: dict[str, Any]) -> JobResult:
+    """A job's final outcome (status, payload as the job record holds it) as its result;
+    a failed job raises its typed JobError."""
+    if status == "failed":
+        raise JobError.from_dict(payload)
+    return JobResult.model_validate(payload)
+
+
+def parse_job(data: GenerationJob | dict[str, Any]) -> GenerationJob:
+    """Validate a job, turning pydantic's error into the fleet's typed one."""
+    if isinstance(data, GenerationJob):
+        return data
+    try:
+        return GenerationJob.model_validate(data)
+    except ValidationError as exc:
+        raise JobValidationError.from_pydantic(exc) from None

@@ -1,0 +1,102 @@
+"""OpenAI Batch JSONL out: what a finished batch line records.
+
+Output lines follow OpenAI's batch output format (``id``, ``custom_id``, ``response:
+{status_code, request_id, body}``, ``error``), with the body shaped like a chat
+completion or a text completion, so existing batch scripts read it unchanged. Workers
+write a line's record with its job's outcome (``line_record``); the submitting side
+writes error records for lines that never ran.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from core.errors import JobError
+from core.jobs import GenerationJob, JobResult, Usage
+from core.store.jobstore import LineRecord
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+
+
+def line_job_id(batch_id: str, line: int) -> str:
+    """A batch line's job id: the same on every feed, so a line is never enqueued twice."""
+    return f"{batch_id}-{line}"
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    """Usage as OpenAI reports it (cached prompt tokens in ``prompt_tokens_details``)."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def finish_reason(result: JobResult) -> str:
+    """OpenAI has no ``cancelled``: a cancelled answer simply stopped."""
+    return "stop" if result.finish_reason == "cancelled" else result.finish_reason
+
+
+def response_body(result: JobResult, url: str, created: int | None = None) -> dict[str, Any]:
+    """A JobResult as the body of an OpenAI chat completion or text completion."""
+    finish = finish_reason(result)
+    common = {
+        "id": f"{'chatcmpl' if url == CHAT_URL else 'cmpl'}-{result.id}",
+        "created": created or int(result.timings.finished),
+        "model": result.model,
+        "usage": usage_body(result.usage),
+    }
+    if url == CHAT_URL:
+        message = {"role": "assistant", "content": result.text}
+        return {
+            **common,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        }
+    return {
+        **common,
+        "object": "text_completion",
+        "choices": [{"index": 0, "text": result.text, "finish_reason": finish}],
+    }
+
+
+def output_record(custom_id: str, result: JobResult, url: str) -> dict[str, Any]:
+    return {
+        "id": f"batch_req_{result.id}",
+        "custom_id": custom_id,
+        "response": {"status_code": 200, "request_id": result.id, "body": response_body(result, url)},
+        "error": None,
+    }
+
+
+def error_record(custom_id: str | None, code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    return {
+        "id": f"batch_req_{request_id or int(time.time() * 1e6)}",
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message},
+    }
+
+
+def job_error_record(custom_id: str, job_id: str, error: JobError) -> dict[str, Any]:
+    """A line whose job failed in the fleet (context overflow, engine failure, ...)."""
+    return error_record(custom_id, error.code, error.message, job_id)
+
+
+def line_record(job: GenerationJob, outcome: JobResult | JobError) -> LineRecord | None:
+    """The batch line a job answers, with its output (or error) record; None for a job
+    that is not a batch line. Workers write it with the job's final outcome."""
+    if job.batch_id is None or job.batch_line is None or job.custom_id is None:
+        return None
+    if isinstance(outcome, JobError):
+        return LineRecord(job.batch_id, job.batch_line, job_error_record(job.custom_id, job.id, outcome), "failed")
+    tokens, prompt = outcome.usage.completion_tokens, outcome.usage.prompt_tokens
+    if outcome.status == "cancelled":
+        message = f"cancelled with the batch after {tokens} generated token(s)"
+        record = error_record(job.custom_id, "batch_cancelled", message, job.id)
+        return LineRecord(job.batch_id, job.batch_line, record, "failed", tokens, prompt)
+    record = output_record(job.custom_id, outcome, CHAT_URL if job.messages else COMPLETIONS_URL)
+    return LineRecord(job.batch_id, job.batch_line, record, "completed", tokens, prompt)

@@ -1,0 +1,155 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``, plain and streamed.
+
+A request becomes one fleet job (gateway.bodies), submitted through the client (the tree,
+prefix affinity and priorities all apply), then answered from the job record or, with
+``stream: true``, from the job's token stream as server-sent events. A client that hangs up
+cancels its job; one that waits past ``gateway.request_timeout_s`` gets a 504 and its job is
+cancelled too. The decision path comes back in ``x-ib-decision-path``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from core.errors import JobError
+from core.jobs import JobResult, result_of
+from core.records import CHAT_URL, COMPLETIONS_URL, response_body
+from core.store.jobstore import wait_async
+from core.store.streams import StreamRestartedError, read_stream_async
+from dispatcher.client import JobHandle
+from gateway.auth import authenticate
+from gateway.bodies import ChatCompletionRequest, CompletionRequest, Generation, parse
+from gateway.errors import APIError
+from gateway.limits import read_json
+from gateway.state import Fleet, fleet_of
+from gateway.streaming import Chunks, sse
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, tenant: str = Depends(authenticate)) -> Response:
+    req = parse(ChatCompletionRequest, await read_json(request))
+    return await answer(request, tenant, req, req.to_job(fleet_of(request).cfg.default_max_tokens), CHAT_URL)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, tenant: str = Depends(authenticate)) -> Response:
+    req = parse(CompletionRequest, await read_json(request))
+    return await answer(request, tenant, req, req.to_job(fleet_of(request).cfg.default_max_tokens), COMPLETIONS_URL)
+
+
+def decision_headers(handle: JobHandle) -> dict[str, str]:
+    path = "; ".join(f"{s.check} {s.answer}" for s in handle.path)
+    return {
+        "x-ib-job-id": handle.id,
+        "x-ib-backend": handle.backend or "",
+        # headers are latin-1: anything else is escaped, never dropped
+        "x-ib-decision-path": path.encode("ascii", "backslashreplace").decode(),
+    }
+
+
+class QueueFull(APIError):
+    def __init__(self, limit: int, retry_after_s: int) -> None:
+        message = f"this API key has {limit} requests queued or running: retry later"
+        super().__init__(429, message, "queue_full", headers={"Retry-After": str(retry_after_s)})
+
+
+def submit_within_quota(fleet: Fleet, tenant: str, job: dict[str, Any]) -> JobHandle:
+    """Take a slot of the key's queue limit, then submit; one thread hop for both."""
+    if not fleet.quota.acquire(tenant, job["id"]):
+        raise QueueFull(fleet.cfg.max_inflight_per_key, fleet.cfg.retry_after_s)
+    try:
+        return fleet.client.submit(job)
+    except BaseException:
+        fleet.quota.release(tenant, job["id"])
+        raise
+
+
+async def answer(request: Request, tenant: str, req: Generation, job: dict[str, Any], url: str) -> Response:
+    fleet = fleet_of(request)
+    job["id"] = uuid.uuid4().hex
+    handle = await anyio.to_thread.run_sync(submit_within_quota, fleet, tenant, job)
+    if req.stream:
+        chunks = Chunks(url, handle.id, req.model, req.include_usage)
+        return StreamingResponse(
+            stream_events(fleet, tenant, handle, chunks),
+            media_type="text/event-stream",
+            headers={**decision_headers(handle), "cache-control": "no-cache"},
+        )
+    release = BackgroundTask(fleet.quota.release, tenant, handle.id)  # after the answer is sent
+    try:
+        result = await wait_or_cancel(request, fleet, handle.id)
+    except BaseException:
+        await release()
+        raise
+    return JSONResponse(response_body(result, url), headers=decision_headers(handle), background=release)
+
+
+async def until_disconnect(request: Request) -> None:
+    """Returns when the client hangs up (the body has been read: only that can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def wait_or_cancel(request: Request, fleet: Fleet, job_id: str) -> JobResult:
+    waiting = asyncio.ensure_future(wait_async(fleet.aredis, job_id, fleet.cfg.request_timeout_s))
+    gone = asyncio.ensure_future(until_disconnect(request))
+    try:
+        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not waiting.done():
+            waiting.cancel()
+            fleet.client.cancel(job_id)  # the client left: nobody will read the answer
+    if not waiting.done() or waiting.cancelled():
+        raise APIError(499, "client closed the request", "client_closed")
+    final = waiting.result()
+    if final is None:
+        fleet.client.cancel(job_id)
+        raise APIError(504, f"no answer within {fleet.cfg.request_timeout_s:g} s; the job was cancelled", "timeout")
+    return result_of(*final)  # a failed job's JobError is answered by errors.install's handler
+
+
+async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Chunks) -> AsyncIterator[str]:
+    ended = False
+    deadline = time.monotonic() + fleet.cfg.request_timeout_s
+    try:
+        if first := chunks.start():
+            yield first
+        try:
+            async for delta in read_stream_async(fleet.aredis, handle.id):
+                if delta is not None:
+                    yield chunks.delta(delta)
+                elif time.monotonic() > deadline:
+                    yield sse(APIError(504, "no end of the answer in time; the job was cancelled", "timeout").body())
+                    return
+        except StreamRestartedError as exc:  # redelivered, and the new text differs from what was sent
+            ended = True  # the job goes on: its result holds the new text
+            yield sse(APIError.from_job_error(exc).body())
+            return
+        final = await wait_async(fleet.aredis, handle.id, timeout=30)
+        ended = True
+        if final is None:
+            yield sse(APIError(500, "the stream ended but the job has no outcome", "server_error").body())
+            return
+        try:
+            result = result_of(*final)
+        except JobError as exc:
+            yield sse(APIError.from_job_error(exc).body())
+            return
+        yield chunks.finish(result)
+    finally:
+        if not ended:  # the client left (or the deadline passed): stop generating for nobody
+            fleet.client.cancel(handle.id)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(fleet.quota.release, tenant, handle.id)
