@@ -107,24 +107,39 @@ class Fleet:
 
 
 def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    rng = random.Random(args.seed)
-    port, data = free_port(), tmp / "valkey"
-    broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
-    env = short_lived()
-    fleet = Fleet(broker.url, env, args.threads, tmp / "logs")
-    faults: list[tuple[float, str]] = []
-    interactive: list[str] = []
-    answers: dict[str, str] = {}
-    waiting = ThreadPoolExecutor(max_workers=64)  # each interactive job's caller, waiting for its answer
-    answered: dict[str, Future] = {}
+    run = ChaosRun(args, tmp)
     try:
+        return run.run()
+    finally:
+        run.fleet.stop()
+        run.broker.stop()
+
+
+class ChaosRun:
+    """One chaos run: its broker (restarted by the faults), fleet, and what was asked."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.port, self.data = free_port(), tmp / "valkey"
+        self.tmp = tmp
+        self.broker = EmbeddedBroker(port=self.port, data_dir=self.data).start(announce=False)
+        self.fleet = Fleet(self.broker.url, short_lived(), args.threads, tmp / "logs")
+        self.faults: list[tuple[float, str]] = []
+        self.interactive: list[str] = []
+        self.answers: dict[str, str] = {}
+        self.waiting = ThreadPoolExecutor(max_workers=64)  # each interactive job's caller, waiting for its answer
+        self.answered: dict[str, Future] = {}
+
+    def run(self) -> dict[str, Any]:
+        args = self.args
         for _ in range(2):
-            fleet.start()
-        for w in fleet.workers:
+            self.fleet.start()
+        for w in self.fleet.workers:
             w.wait_ready(timeout=300)
-        with Client(broker.url, resilient=True) as client:
+        with Client(self.broker.url, resilient=True) as client:
             before = redis_footprint(client.redis)
-            src = tmp / "requests.jsonl"
+            src = self.tmp / "requests.jsonl"
             with src.open("w") as fh:
                 for i in range(args.lines):
                     question = f"Write one sentence about {TOPICS[i % len(TOPICS)]} (note {i})."
@@ -134,106 +149,115 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # "after" footprint can be measured within the run.
             batch = client.batches.create(src, model=MODEL, completion_window=f"{args.window_s}s")
             started = time.monotonic()
-
-            def ask() -> None:  # interactive jobs, one by one, while the batch runs
-                for i in range(args.interactive):
-                    try:
-                        messages = [{"role": "user", "content": f"Say hi to {i}."}]
-                        h = client.submit(
-                            model=MODEL, messages=messages, sampling={"max_tokens": 4}, priority="interactive"
-                        )
-                        interactive.append(h.id)
-                        answered[h.id] = waiting.submit(h.result, 600)
-                    except redis.RedisError:
-                        answers[f"submit-{i}"] = "refused"  # the broker was down at submit: the caller saw an error
-                    time.sleep(args.interactive_every_s)
-
-            asker = threading.Thread(target=ask, daemon=True)
+            asker = threading.Thread(target=self.ask, args=(client,), daemon=True)
             asker.start()
-
-            def done() -> float:
-                try:
-                    return client.batches.retrieve(batch.id).done / args.lines
-                except redis.RedisError:
-                    return 0.0
-
-            # Each fault at a moment drawn within its stretch of the batch's progress.
-            plan = [("kill", rng.uniform(0.05, 0.2)), ("kill", rng.uniform(0.25, 0.4))][: args.kills]
-            plan += [("restart", rng.uniform(0.45, 0.55)), ("outage", rng.uniform(0.6, 0.7))]
-            for kind, at in plan:
-                while done() < at:
-                    time.sleep(0.1)
-                t = time.monotonic() - started
-                if kind == "kill":
-                    faults.append((t, f"SIGKILL {fleet.kill_one(client.redis, rng)}"))
-                else:
-                    broker.server.stop()
-                    if kind == "outage":
-                        time.sleep(args.outage_s)
-                    broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
-                    faults.append((t, f"broker {kind}" + (f" {args.outage_s:g} s" if kind == "outage" else "")))
+            self.inject(client, batch.id, started)
             last_fault = time.monotonic()
-            final = None
-            while final is None and time.monotonic() - started < args.timeout_s:
-                try:
-                    b = client.batches.retrieve(batch.id)
-                    final = b if b.is_final else None
-                except redis.RedisError:
-                    pass
-                time.sleep(0.5)
+            final = self.await_final(client, batch.id, started)
             batch_end = time.monotonic()
             asker.join(timeout=args.timeout_s)
-            for job_id, future in answered.items():
-                try:
-                    answers[job_id] = future.result().status
-                except (JobError, TimeoutError, redis.RedisError) as exc:  # a lost job: the count says so
-                    answers[job_id] = f"lost: {type(exc).__name__}"
-            waiting.shutdown()
-
-            records = list(client.batches.results(batch.id))
-            per_line = Counter(r["custom_id"] for r in records)
-            ids = [line_job_id(batch.id, n) for n in range(1, args.lines + 1)] + interactive
-            jobs = {i: client.record(i) for i in ids}
-            attempts = {i: int(j.get("attempts", 0)) for i, j in jobs.items()}
-            recomputed = sum(a - 1 for i, a in attempts.items() if a > 1 and i not in fleet.held_at_death)
-            result = {
-                "faults": [{"at_s": round(t, 1), "what": w} for t, w in faults],
-                "batch": {
-                    "status": final.status if final else "not final",
-                    "ok": sum(1 for r in records if r["error"] is None),
-                    "failed": sum(1 for r in records if r["error"] is not None),
-                    "lost": args.lines - len(per_line),
-                    "doubled": sum(1 for n in per_line.values() if n > 1)
-                    + sum(1 for i in ids[: args.lines] if int(jobs[i].get("completions", 0)) > 1),
-                },
-                "interactive": {
-                    "ok": sum(1 for s in answers.values() if s == "completed"),
-                    "refused_at_submit": sum(1 for s in answers.values() if s == "refused"),
-                    "lost": sum(1 for s in answers.values() if s.startswith("lost")),
-                },
-                "stuck": sum(1 for j in jobs.values() if j and "final" not in j),
-                "engine_runs": sum(attempts.values()),
-                "jobs": len(ids),
-                "held_by_killed_workers": len(fleet.held_at_death),
-                "rerun_held": sum(a - 1 for i, a in attempts.items() if a > 1 and i in fleet.held_at_death),
-                "recomputed": recomputed,
-                "redelivered_finished": fleet.log_count(r"already finished \("),
-                "duplicate_deliveries_waited": fleet.log_count(r"this delivery waits for its outcome"),
-                "workers_reaped_alive": fleet.log_count(r"is gone: redelivered") - args.kills,
-                "last_fault_to_batch_end_s": round(batch_end - last_fault, 1),
-                "redis_before": before,
-            }
+            self.collect_answers()
+            result = self.tally(client, batch.id, final)
+            result |= {"last_fault_to_batch_end_s": round(batch_end - last_fault, 1), "redis_before": before}
             # After every result and the batch's records have expired.
             purge_in = final.expires_at + 2 - time.time() if final else 0
             wait = max(max(RESULT_TTL_S, HINT_TTL_S) + 5 - (time.monotonic() - batch_end), purge_in, 0)
             console.print(f"waiting {wait:.0f} s for results and the batch to expire...")
             time.sleep(wait)
             result["redis_after"] = redis_footprint(client.redis)
-            result["live_workers"] = len(fleet.workers)
+            result["live_workers"] = len(self.fleet.workers)
             return result
-    finally:
-        fleet.stop()
-        broker.stop()
+
+    def ask(self, client: Client) -> None:
+        """Interactive jobs, one by one, while the batch runs."""
+        for i in range(self.args.interactive):
+            try:
+                messages = [{"role": "user", "content": f"Say hi to {i}."}]
+                h = client.submit(model=MODEL, messages=messages, sampling={"max_tokens": 4}, priority="interactive")
+                self.interactive.append(h.id)
+                self.answered[h.id] = self.waiting.submit(h.result, 600)
+            except redis.RedisError:
+                self.answers[f"submit-{i}"] = "refused"  # the broker was down at submit: the caller saw an error
+            time.sleep(self.args.interactive_every_s)
+
+    def inject(self, client: Client, batch_id: str, started: float) -> None:
+        """Each fault at a moment drawn within its stretch of the batch's progress."""
+        args, rng = self.args, self.rng
+
+        def done() -> float:
+            try:
+                return client.batches.retrieve(batch_id).done / args.lines
+            except redis.RedisError:
+                return 0.0
+
+        plan = [("kill", rng.uniform(0.05, 0.2)), ("kill", rng.uniform(0.25, 0.4))][: args.kills]
+        plan += [("restart", rng.uniform(0.45, 0.55)), ("outage", rng.uniform(0.6, 0.7))]
+        for kind, at in plan:
+            while done() < at:
+                time.sleep(0.1)
+            t = time.monotonic() - started
+            if kind == "kill":
+                self.faults.append((t, f"SIGKILL {self.fleet.kill_one(client.redis, rng)}"))
+                continue
+            self.broker.server.stop()
+            if kind == "outage":
+                time.sleep(args.outage_s)
+            self.broker = EmbeddedBroker(port=self.port, data_dir=self.data).start(announce=False)
+            self.faults.append((t, f"broker {kind}" + (f" {args.outage_s:g} s" if kind == "outage" else "")))
+
+    def await_final(self, client: Client, batch_id: str, started: float) -> Any:
+        """The batch once it has ended (None: not within the run's time-out)."""
+        while time.monotonic() - started < self.args.timeout_s:
+            try:
+                b = client.batches.retrieve(batch_id)
+                if b.is_final:
+                    return b
+            except redis.RedisError:
+                pass
+            time.sleep(0.5)
+        return None
+
+    def collect_answers(self) -> None:
+        for job_id, future in self.answered.items():
+            try:
+                self.answers[job_id] = future.result().status
+            except (JobError, TimeoutError, redis.RedisError) as exc:  # a lost job: the count says so
+                self.answers[job_id] = f"lost: {type(exc).__name__}"
+        self.waiting.shutdown()
+
+    def tally(self, client: Client, batch_id: str, final: Any) -> dict[str, Any]:
+        """Lost, doubled, stuck and recomputed, from the batch's records and the job records."""
+        args, fleet, answers = self.args, self.fleet, self.answers
+        records = list(client.batches.results(batch_id))
+        per_line = Counter(r["custom_id"] for r in records)
+        ids = [line_job_id(batch_id, n) for n in range(1, args.lines + 1)] + self.interactive
+        jobs = {i: client.record(i) for i in ids}
+        attempts = {i: int(j.get("attempts", 0)) for i, j in jobs.items()}
+        return {
+            "faults": [{"at_s": round(t, 1), "what": w} for t, w in self.faults],
+            "batch": {
+                "status": final.status if final else "not final",
+                "ok": sum(1 for r in records if r["error"] is None),
+                "failed": sum(1 for r in records if r["error"] is not None),
+                "lost": args.lines - len(per_line),
+                "doubled": sum(1 for n in per_line.values() if n > 1)
+                + sum(1 for i in ids[: args.lines] if int(jobs[i].get("completions", 0)) > 1),
+            },
+            "interactive": {
+                "ok": sum(1 for s in answers.values() if s == "completed"),
+                "refused_at_submit": sum(1 for s in answers.values() if s == "refused"),
+                "lost": sum(1 for s in answers.values() if s.startswith("lost")),
+            },
+            "stuck": sum(1 for j in jobs.values() if j and "final" not in j),
+            "engine_runs": sum(attempts.values()),
+            "jobs": len(ids),
+            "held_by_killed_workers": len(fleet.held_at_death),
+            "rerun_held": sum(a - 1 for i, a in attempts.items() if a > 1 and i in fleet.held_at_death),
+            "recomputed": sum(a - 1 for i, a in attempts.items() if a > 1 and i not in fleet.held_at_death),
+            "redelivered_finished": fleet.log_count(r"already finished \("),
+            "duplicate_deliveries_waited": fleet.log_count(r"this delivery waits for its outcome"),
+            "workers_reaped_alive": fleet.log_count(r"is gone: redelivered") - args.kills,
+        }
 
 
 def short_lived(result_ttl_s: int = RESULT_TTL_S) -> dict[str, str]:

@@ -35,7 +35,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench import report
 from core import settings
 from core.backends import load_backends
 from core.jobs import JobResult
@@ -43,6 +42,7 @@ from core.registry import ModelRegistry, ModelSpec
 from dispatcher.client import Client
 from ops.local.broker import EmbeddedBroker
 from ops.local.processes import WorkerProcess
+from ops.measure import percentile
 from workers.lifecycle import hardware
 from workers.models.prepare import prepare
 
@@ -124,8 +124,8 @@ def measure(client: Client, model: ModelSpec, backend: str, texts: list[str], ma
     one_at_a_time = sum(r.usage.completion_tokens for r in single) / single_wall
     aggregate = sum(r.usage.completion_tokens for r in saturated) / wall
     return {
-        "ttft_p50_ms": report.percentile(ttfts, 50),
-        "ttft_p95_ms": report.percentile(ttfts, 95),
+        "ttft_p50_ms": percentile(ttfts, 50),
+        "ttft_p95_ms": percentile(ttfts, 95),
         "decode_tok_s": statistics.median(r.tokens_per_s for r in single),
         "one_at_a_time_tok_s": one_at_a_time,
         "aggregate_tok_s": aggregate,

@@ -49,13 +49,14 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.fleet_overhead import prompts
-from bench.report import percentile, save
+from bench.report import save
 from core import connection, settings
 from core.registry import ModelRegistry
 from dispatcher.client import Client
 from ops.local.broker import EmbeddedBroker
 from ops.local.peers import NativeLlamaServer, llama_server_binary
 from ops.local.processes import GatewayProcess, WorkerProcess
+from ops.measure import percentile
 
 console = Console()
 MODEL = "smollm2-135m"
@@ -222,63 +223,29 @@ def alternating(rounds: int, fleet_side: Callable[[int], None], peer_side: Calla
             side(r)
 
 
-def main() -> int:
-    ap = peer_args(__doc__)
-    ap.add_argument("--pairs", type=int, default=16, help="sequential gateway/client pairs per round (16 tokens)")
-    args = ap.parse_args()
-    setup = peer_setup()
-    binary, url, client = setup.binary, setup.url, setup.client
-    texts = prompts(args.prompts)
-    key = "bench-" + secrets.token_urlsafe(12)
-    one: dict[str, list[float]] = {"gateway": [], "client": [], "llama-server": []}
-    outside: dict[str, list[float]] = {"gateway": [], "gateway-http": [], "client": []}
-    rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
+def time_outside(
+    arms: dict[str, Arm], client: Client, texts: list[str], tag: str, pairs: int, outside: dict[str, list[float]]
+) -> None:
+    """Each arm's time outside the job (end to end minus the job's own), ``pairs`` requests
+    of 16 tokens each, one at a time, the order rotating."""
+    for i in range(pairs):
+        trio = ["gateway", "gateway-http", "client"]
+        for name in trio[i % 3 :] + trio[: i % 3]:
+            got = arms[name](tagged([texts[i % len(texts)]], name, f"{tag}{i:02d}")[0], 16, False)
+            _, payload = client.store.final(got.job_id or "") or ("", {})
+            t = payload["timings"]
+            outside[name].append(got.e2e_s - (t["finished"] - t["submitted"]))
 
-    def measure(arms: dict[str, Arm], r: int) -> None:
-        """One side's arms in round ``r``: TTFT one at a time, then saturated."""
-        for run in arms.values():  # warm-up: connections, the template's cached turn
-            run(f"[warm{r}] {texts[0]}", 8, True)
-        names = list(arms)
-        for i in range(args.ttft_prompts):
-            for name in names[i % len(names) :] + names[: i % len(names)]:
-                got = arms[name](tagged([texts[i]], name, f"T{r}")[0], args.max_tokens, True)
-                if got.ttft_s is not None:
-                    one[name].append(got.ttft_s)
-        for name in names if r % 2 == 0 else names[::-1]:
-            with console.status(f"round {r + 1}: {name}, {len(texts)} prompts, {args.concurrency} in flight..."):
-                rounds[r][name] = saturated(arms[name], tagged(texts, name, f"R{r}"), args.max_tokens, args.concurrency)
 
-    def fleet_side(r: int) -> None:
-        worker = WorkerProcess("llamacpp", url, extra_args=[f"--threads={args.threads}"])
-        gateway = GatewayProcess(url, env={"IB_API_KEYS": key})
-        try:
-            with console.status("starting the llama.cpp worker and the gateway..."):
-                worker.start().wait_ready(300)
-                gateway.start()
-            arms: dict[str, Arm] = {"gateway": SdkArm(f"{gateway.url}/v1", key).run, "client": ClientArm(client).run}
-            measure(arms, r)
-            arms["gateway-http"] = HttpArm(f"{gateway.url}/v1", key).run
-            with console.status(f"added latency: {args.pairs} sequential gateway/client rounds..."):
-                for i in range(args.pairs):
-                    trio = ["gateway", "gateway-http", "client"]
-                    for name in trio[i % 3 :] + trio[: i % 3]:
-                        got = arms[name](tagged([texts[i % len(texts)]], name, f"L{r}{i:02d}")[0], 16, False)
-                        _, payload = client.store.final(got.job_id or "") or ("", {})
-                        t = payload["timings"]
-                        outside[name].append(got.e2e_s - (t["finished"] - t["submitted"]))
-        finally:
-            gateway.stop()
-            worker.stop()
-
-    def peer_side(r: int) -> None:
-        with llama_server(setup, args) as server:
-            measure({"llama-server": SdkArm(f"{server.url}/v1", "none").run}, r)
-
-    try:
-        alternating(args.rounds, fleet_side, peer_side)
-    finally:
-        setup.close()
-
+def report_run(
+    args: argparse.Namespace,
+    texts: list[str],
+    one: dict[str, list[float]],
+    outside: dict[str, list[float]],
+    rounds: list[dict[str, dict]],
+    binary: str | None,
+) -> None:
+    """The run's table and added latency, printed and saved."""
     names = list(one)
     summary = {
         name: {
@@ -321,6 +288,60 @@ def main() -> int:
     )
     path = save("gateway", args, summary=summary, added_latency=added, rounds=rounds, llama_server=binary)
     console.print(f"written to {path}")
+
+
+def main() -> int:
+    ap = peer_args(__doc__)
+    ap.add_argument("--pairs", type=int, default=16, help="sequential gateway/client pairs per round (16 tokens)")
+    args = ap.parse_args()
+    setup = peer_setup()
+    binary, url, client = setup.binary, setup.url, setup.client
+    texts = prompts(args.prompts)
+    key = "bench-" + secrets.token_urlsafe(12)
+    one: dict[str, list[float]] = {"gateway": [], "client": [], "llama-server": []}
+    outside: dict[str, list[float]] = {"gateway": [], "gateway-http": [], "client": []}
+    rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
+
+    def measure(arms: dict[str, Arm], r: int) -> None:
+        """One side's arms in round ``r``: TTFT one at a time, then saturated."""
+        for run in arms.values():  # warm-up: connections, the template's cached turn
+            run(f"[warm{r}] {texts[0]}", 8, True)
+        names = list(arms)
+        for i in range(args.ttft_prompts):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                got = arms[name](tagged([texts[i]], name, f"T{r}")[0], args.max_tokens, True)
+                if got.ttft_s is not None:
+                    one[name].append(got.ttft_s)
+        for name in names if r % 2 == 0 else names[::-1]:
+            with console.status(f"round {r + 1}: {name}, {len(texts)} prompts, {args.concurrency} in flight..."):
+                rounds[r][name] = saturated(arms[name], tagged(texts, name, f"R{r}"), args.max_tokens, args.concurrency)
+
+    def fleet_side(r: int) -> None:
+        worker = WorkerProcess("llamacpp", url, extra_args=[f"--threads={args.threads}"])
+        gateway = GatewayProcess(url, env={"IB_API_KEYS": key})
+        try:
+            with console.status("starting the llama.cpp worker and the gateway..."):
+                worker.start().wait_ready(300)
+                gateway.start()
+            arms: dict[str, Arm] = {"gateway": SdkArm(f"{gateway.url}/v1", key).run, "client": ClientArm(client).run}
+            measure(arms, r)
+            arms["gateway-http"] = HttpArm(f"{gateway.url}/v1", key).run
+            with console.status(f"added latency: {args.pairs} sequential gateway/client rounds..."):
+                time_outside(arms, client, texts, f"L{r}", args.pairs, outside)
+        finally:
+            gateway.stop()
+            worker.stop()
+
+    def peer_side(r: int) -> None:
+        with llama_server(setup, args) as server:
+            measure({"llama-server": SdkArm(f"{server.url}/v1", "none").run}, r)
+
+    try:
+        alternating(args.rounds, fleet_side, peer_side)
+    finally:
+        setup.close()
+
+    report_run(args, texts, one, outside, rounds, binary)
     return 0
 
 

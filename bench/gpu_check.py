@@ -19,12 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from bench.report import percentile
 from core import settings
 from core.registry import ModelRegistry
 from dispatcher.client import Client
 from ops.local.broker import EmbeddedBroker
 from ops.local.processes import WorkerProcess
+from ops.measure import percentile
 from workers.lifecycle import hardware
 from workers.models.prepare import prepare
 

@@ -44,6 +44,7 @@ from core import settings
 from dispatcher.client import Client
 from ops.local.broker import EmbeddedBroker
 from ops.local.processes import WorkerProcess
+from ops.measure import percentile
 
 console = Console()
 MODEL = "smollm2-135m"
@@ -140,10 +141,10 @@ def run_arm(url: str, env: dict[str, str], affinity: bool, args: argparse.Namesp
         "jobs": len(results),
         "wall_s": wall,
         "tok_s": sum(r.usage.completion_tokens for _, r in results) / wall,
-        "ttft_p50_ms": report.percentile(ttfts, 50),
-        "ttft_p95_ms": report.percentile(ttfts, 95),
-        "ttft_p50_after_round0_ms": report.percentile([r.timings.ttft_s * 1000 for r in later], 50),
-        "ttft_p90_after_round0_ms": report.percentile([r.timings.ttft_s * 1000 for r in later], 90),
+        "ttft_p50_ms": percentile(ttfts, 50),
+        "ttft_p95_ms": percentile(ttfts, 95),
+        "ttft_p50_after_round0_ms": percentile([r.timings.ttft_s * 1000 for r in later], 50),
+        "ttft_p90_after_round0_ms": percentile([r.timings.ttft_s * 1000 for r in later], 90),
         "ttft_mean_ms": statistics.fmean(ttfts),
         "hit_rate_after_round0": sum(r.usage.cached_tokens > 0 for r in later) / max(1, len(later)),
         "prompt_tokens_p50": statistics.median(r.usage.prompt_tokens for _, r in results),
@@ -151,7 +152,7 @@ def run_arm(url: str, env: dict[str, str], affinity: bool, args: argparse.Namesp
         "engine_prefix_hits": sum(s.get("prefix_hits", 0) for s in stats.values()),
         "engine_prefix_misses": sum(s.get("prefix_misses", 0) for s in stats.values()),
         "lookup_ms_p50": statistics.median(lookup_ms) if lookup_ms else None,
-        "lookup_ms_p95": report.percentile(lookup_ms, 95) if lookup_ms else None,
+        "lookup_ms_p95": percentile(lookup_ms, 95) if lookup_ms else None,
     }
 
 

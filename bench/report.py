@@ -9,10 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.measure import percentile
 from workers.lifecycle import hardware
-
-__all__ = ["percentile", "save"]  # the one percentile (ops.measure), re-exported for the benchmarks
 
 
 def save(name: str, args: argparse.Namespace, **payload: Any) -> Path:

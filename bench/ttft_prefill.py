@@ -40,8 +40,9 @@ from rich.table import Table
 
 from bench import inprocess
 from bench.gateway import ClientArm, PeerSetup, peer_setup, tagged
-from bench.report import percentile, save
+from bench.report import save
 from ops.local.processes import WorkerProcess
+from ops.measure import percentile
 
 console = Console()
 # Before each measurement: the other side's thread pools (OpenMP in PyTorch, ONNX Runtime's

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import JobError
-from core.registry import ModelRegistry, ModelSpec
+from core.registry import ModelSpec
 
 
 class IncompatibleDraftError(JobError, ValueError):
@@ -68,11 +68,6 @@ def check_draft(target: ModelSpec, draft: ModelSpec) -> DraftCheck:
         int(t_cfg.get("num_hidden_layers", 0)),
         int(d_cfg.get("num_hidden_layers", 0)),
     )
-
-
-def check_registered(registry: ModelRegistry, target: str) -> list[DraftCheck]:
-    """Check every draft registered for ``target``."""
-    return [check_draft(registry.get(target), d) for d in registry.drafts_for(target)]
 
 
 def _first_difference(a: dict[str, int], b: dict[str, int]) -> str:

@@ -145,18 +145,7 @@ class ModelRegistry:
             if default not in models:
                 raise ValueError(f"models.yaml: default_model {default!r} is not registered")
             models[default].is_default = True
-        for spec in models.values():  # a draft names its target; the target lists it
-            target = models.get(spec.draft_of) if spec.draft_of else None
-            if target is not None and spec.name not in target.drafts:
-                target.drafts.append(spec.name)
-        for spec in models.values():  # references between entries: a config error, said at load
-            for ref in [
-                *spec.drafts,
-                *([spec.draft_of] if spec.draft_of else []),
-                *(how.model for how in spec.derive.values() if how.model),
-            ]:
-                if ref not in models:
-                    raise ValueError(f"models.yaml: {spec.name} refers to {ref!r}, which is not registered")
+        _link_drafts(models)
         return cls(models)
 
     def names(self) -> list[str]:
@@ -172,6 +161,23 @@ class ModelRegistry:
     def drafts_for(self, name: str) -> list[ModelSpec]:
         """The draft models registered for ``name`` (compatibility: core.drafts)."""
         return [self.models[d] for d in self.get(name).drafts]
+
+
+def _link_drafts(models: dict[str, ModelSpec]) -> None:
+    """A draft names its target; the target lists it. A reference between entries to a
+    model not registered is a config error, said at load."""
+    for spec in models.values():
+        target = models.get(spec.draft_of) if spec.draft_of else None
+        if target is not None and spec.name not in target.drafts:
+            target.drafts.append(spec.name)
+    for spec in models.values():
+        for ref in [
+            *spec.drafts,
+            *([spec.draft_of] if spec.draft_of else []),
+            *(how.model for how in spec.derive.values() if how.model),
+        ]:
+            if ref not in models:
+                raise ValueError(f"models.yaml: {spec.name} refers to {ref!r}, which is not registered")
 
 
 class LiveRegistry(ModelRegistry):

@@ -19,7 +19,7 @@ from core.errors import EnqueueError
 from core.fleet import FleetView
 from core.jobs import GenerationJob, Priority, Selection
 from core.settings import CelerySettings
-from core.store import keys
+from core.store import job_scripts, keys
 from core.store.hints import PrefixHints
 from core.store.jobstore import JobStore
 from dispatcher.grouping import group_sends, units_id
@@ -120,10 +120,10 @@ class Sender:
         if len(unit) == 1:
             job, sel = unit[0]
             record, args = self.store.claim_call(job.id, _record_fields(job, sel))
-            return PushGuard(JobStore.CLAIM_AND_PUSH, [*record, *premise], [epoch, *args])
+            return PushGuard(job_scripts.CLAIM_AND_PUSH, [*record, *premise], [epoch, *args])
         records = [(job.id, _record_fields(job, sel)) for job, sel in unit]
         group_keys, args = self.store.group_claim_call(records, premise, epoch)
-        return PushGuard(JobStore.CLAIM_GROUP_AND_PUSH, group_keys, args)
+        return PushGuard(job_scripts.CLAIM_GROUP_AND_PUSH, group_keys, args)
 
     def _claim_then_publish(
         self, pairs: list[Pair], producer: Any, resume: bool, fleet: FleetView | None

@@ -7,7 +7,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from dispatcher.batch.api import Batch, Batches, UnknownBatchError
+from dispatcher.batch.api import Batches
+from dispatcher.batch.objects import Batch, UnknownBatchError
 from gateway.errors import APIError
 from gateway.files import BATCH_FILE
 

@@ -229,9 +229,8 @@ class Worker:
         self.beat = Heartbeat(
             self.redis,
             self.info,
+            self.cfg.heartbeat,
             in_flight=lambda: engine.in_flight,
-            interval_s=self.cfg.heartbeat.interval_s,
-            ttl_s=self.cfg.heartbeat.ttl_s,
             on_beat=self._on_beat,
             engine_stats=engine.stats,
             health=monitor.check,

@@ -24,6 +24,8 @@ from typing import Any
 import redis
 
 from core.store import keys
+from core.store.batch_scripts import ADVANCE, END_VALIDATION, RECORD_LINE, TRANSITION
+from core.store.fields import field_value
 
 # As OpenAI names them. ``finalizing`` is never held: results are written line by line,
 # so there is nothing left to assemble when the last line is recorded.
@@ -39,89 +41,6 @@ def line_keys(batch_id: str) -> list[str]:
     return [keys.batch(batch_id), keys.batch_out(batch_id), keys.ACTIVE_BATCHES]
 
 
-# Lua, shared with core.store.jobstore's finish script. ``fed`` is 1 for a line that was
-# handed to the queue (it counts against the feeder's window until it is recorded).
-RECORD_LINE_FN = """
-local function record_line(bkey, okey, akey, batch_id, line, rec, kind, tokens, ptokens, fed, now)
-  if redis.call('EXISTS', bkey) == 0 then return 0 end
-  if redis.call('HSETNX', okey, line, rec) == 0 then return 0 end
-  if redis.call('TTL', okey) < 0 then redis.call('EXPIREAT', okey, redis.call('HGET', bkey, 'purge_at')) end
-  redis.call('HINCRBY', bkey, kind, 1)
-  if fed == '1' then redis.call('HINCRBY', bkey, 'fed_done', 1) end
-  if tonumber(tokens) > 0 then redis.call('HINCRBY', bkey, 'completion_tokens', tokens) end
-  if tonumber(ptokens) > 0 then redis.call('HINCRBY', bkey, 'prompt_tokens', ptokens) end
-  local done = redis.call('HINCRBY', bkey, 'done', 1)
-  if done == tonumber(redis.call('HGET', bkey, 'total') or '-1') then
-    local status = redis.call('HGET', bkey, 'status')
-    local final = nil
-    if status == 'in_progress' then final = 'completed' elseif status == 'cancelling' then final = 'cancelled' end
-    if final then
-      redis.call('HSET', bkey, 'status', final, final .. '_at', now)
-      redis.call('ZREM', akey, batch_id)
-    end
-  end
-  return 1
-end
-"""
-
-_RECORD_LINE = (
-    RECORD_LINE_FN
-    + """
-return record_line(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
-"""
-)
-
-# Validation is over: the batch runs (or, with no valid line, fails with the reason).
-# A batch cancelled while it was validated stays cancelling; one whose every line is
-# already recorded ends here.
-_END_VALIDATION = """
-local bkey, akey, batch_id = KEYS[1], KEYS[2], ARGV[1]
-local staged = tonumber(redis.call('HGET', bkey, 'staged') or '0')
-local total = tonumber(ARGV[2])
-redis.call('HSET', bkey, 'total', total)
-local status = redis.call('HGET', bkey, 'status')
-if status == 'validating' then
-  if staged == 0 then
-    redis.call('HSET', bkey, 'status', 'failed', 'failed_at', ARGV[3], 'errors', ARGV[4])
-    redis.call('ZREM', akey, batch_id)
-    return 'failed'
-  end
-  redis.call('HSET', bkey, 'status', 'in_progress', 'in_progress_at', ARGV[3])
-  return 'in_progress'
-end
-if status == 'cancelling' and tonumber(redis.call('HGET', bkey, 'done') or '0') == total then
-  redis.call('HSET', bkey, 'status', 'cancelled', 'cancelled_at', ARGV[3])
-  redis.call('ZREM', akey, batch_id)
-  return 'cancelled'
-end
-return status
-"""
-
-# Move the batch to a new status unless it has already ended (or is not in ``from``).
-_TRANSITION = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return false end
-for i = 4, #ARGV do
-  if status == ARGV[i] then
-    redis.call('HSET', KEYS[1], 'status', ARGV[2], ARGV[2] .. '_at', ARGV[3])
-    if ARGV[2] == 'failed' or ARGV[2] == 'completed' or ARGV[2] == 'expired' or ARGV[2] == 'cancelled' then
-      redis.call('ZREM', KEYS[2], ARGV[1])
-    end
-    return ARGV[2]
-  end
-end
-return status
-"""
-
-# The feed cursor only moves forward, so two feeders (a lease that lapsed mid-step)
-# cannot move it back and feed a chunk twice.
-_ADVANCE = """
-local fed = tonumber(redis.call('HGET', KEYS[1], 'fed') or '0')
-if tonumber(ARGV[1]) > fed then redis.call('HSET', KEYS[1], 'fed', ARGV[1]) end
-return redis.call('HGET', KEYS[1], 'fed')
-"""
-
-
 def staged_entry(line: int, job_json: str) -> str:
     return f"{line}|{job_json}"
 
@@ -135,10 +54,10 @@ def parse_staged(entry: bytes | str) -> tuple[int, str]:
 class BatchStore:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
-        self._record = client.register_script(_RECORD_LINE)
-        self._end_validation = client.register_script(_END_VALIDATION)
-        self._transition = client.register_script(_TRANSITION)
-        self._advance = client.register_script(_ADVANCE)
+        self._record = client.register_script(RECORD_LINE)
+        self._end_validation = client.register_script(END_VALIDATION)
+        self._transition = client.register_script(TRANSITION)
+        self._advance = client.register_script(ADVANCE)
 
     # ------------------------------------------------------------- writing
 
@@ -153,7 +72,7 @@ class BatchStore:
             "purge_at": purge_at,
         }
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(keys.batch(batch_id), mapping={k: _enc(v) for k, v in record.items() if v is not None})
+        pipe.hset(keys.batch(batch_id), mapping={k: field_value(v) for k, v in record.items() if v is not None})
         pipe.expireat(keys.batch(batch_id), purge_at)
         pipe.zadd(keys.BATCHES, {batch_id: now})
         pipe.zadd(keys.ACTIVE_BATCHES, {batch_id: now})
@@ -214,11 +133,10 @@ class BatchStore:
         tokens: int = 0,
         fed: bool = False,
         client: Any = None,
-        prompt_tokens: int = 0,
     ) -> bool:
         """Write one line's record if it has none yet; counts it as ``completed`` or ``failed``
         (and its tokens in the batch's usage)."""
-        args = [batch_id, line, json.dumps(record), kind, tokens, prompt_tokens, int(fed), time.time()]
+        args = [batch_id, line, json.dumps(record), kind, tokens, 0, int(fed), time.time()]  # 0: prompt tokens
         return bool(self._record(keys=line_keys(batch_id), args=args, client=client or self.r))
 
     def record_missing(self, batch_id: str, lines: list[tuple[int, bool]], make: Any) -> int:
@@ -244,7 +162,7 @@ class BatchStore:
         self.transition(batch_id, "failed", ("validating", "in_progress", "cancelling"))
 
     def set_fields(self, batch_id: str, **fields: Any) -> None:
-        self.r.hset(keys.batch(batch_id), mapping={k: _enc(v) for k, v in fields.items()})
+        self.r.hset(keys.batch(batch_id), mapping={k: field_value(v) for k, v in fields.items()})
 
     def advance(
         self, batch_id: str, fed: int, backends: dict[str, int], feed_s: float = 0.0, feed_cpu_s: float = 0.0
@@ -309,12 +227,6 @@ class BatchStore:
             return []
         return [parse_staged(e) for e in self.r.lrange(keys.batch_lines(batch_id), start, stop - 1)]
 
-    def staged_lines(self, batch_id: str, start: int = 0, chunk: int = 2000) -> Iterator[list[int]]:
-        """The line numbers of the staged lines from ``start``, a chunk at a time."""
-        while entries := self.r.lrange(keys.batch_lines(batch_id), start, start + chunk - 1):
-            yield [int(e.split(b"|", 1)[0]) for e in entries]
-            start += len(entries)
-
     def records(self, batch_id: str, max_line: int, chunk: int = 1000) -> Iterator[tuple[int, dict]]:
         """(line, record) in input order; lines with no record yet (or blank) are skipped."""
         for first in range(1, max_line + 1, chunk):
@@ -322,7 +234,3 @@ class BatchStore:
             for line, raw in zip(lines, self.r.hmget(keys.batch_out(batch_id), [str(n) for n in lines])):
                 if raw is not None:
                     yield line, json.loads(raw)
-
-
-def _enc(value: Any) -> str | int | float:
-    return value if isinstance(value, (str, int, float)) else json.dumps(value)

@@ -5,170 +5,36 @@
     client.batches.write_results(batch.id, "out.jsonl", errors="errors.jsonl")
 
 ``create`` streams the file (never holding it whole), validates every line and stages the
-valid ones in Redis, writes an error record for each bad one, and returns: the fleet's
-batch feeder (dispatcher.batch.feeder, run in every worker) decides and enqueues the
-lines with backpressure, and workers record one result per line. The submitting process
-may exit at once. Nothing here decides or enqueues, so it needs only the stores and the
-registry, not the client that routes.
+valid ones in Redis (dispatcher.batch.staging), writes an error record for each bad one,
+and returns: the fleet's batch feeder (dispatcher.batch.feeder, run in every worker)
+decides and enqueues the lines with backpressure, and workers record one result per
+line. The submitting process may exit at once. Nothing here decides or enqueues, so it
+is built from the stores and the registry, not from the client that routes.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import redis
-from pydantic import BaseModel, Field
 
 from core import settings
-from core.errors import ContextOverflowError, JobError
-from core.jobs import Priority, check_context
+from core.jobs import Priority
 from core.records import CHAT_URL, COMPLETIONS_URL, error_record, line_job_id
 from core.registry import ModelRegistry
-from core.store.batchstore import FINAL_STATUSES, BatchStore, staged_entry
+from core.store.batchstore import BatchStore
 from core.store.jobstore import JobStore
-from dispatcher.batch.format import LineError, ParsedLine, parse_line
-from dispatcher.batch.input import LineProblem, NotJsonLinesError, read_lines
-from dispatcher.routing.context import might_overflow, serving_window
+from dispatcher.batch.input import NotJsonLinesError
+from dispatcher.batch.objects import Batch, BatchInputError, UnknownBatchError, parse_window
+from dispatcher.batch.staging import InputSource, Staging, input_lines, validation_errors
 from dispatcher.routing.prefix import PrefixHasher
-
-WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class UnknownBatchError(JobError, LookupError):
-    code = "unknown_batch"
-
-
-class BatchInputError(JobError, ValueError):
-    code = "invalid_batch"
-
-
-class RequestCounts(BaseModel):
-    total: int = 0
-    completed: int = 0
-    failed: int = 0
-
-
-class BatchErrors(BaseModel):
-    object: str = "list"
-    data: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class Batch(BaseModel):
-    """A batch as OpenAI's API describes one, plus what the fleet knows about its run."""
-
-    id: str
-    object: str = "batch"
-    endpoint: str | None = None
-    input_file: str | None = None
-    input_file_id: str | None = None  # the gateway's uploaded file it was made from
-    completion_window: str
-    status: str
-    created_at: int
-    in_progress_at: int | None = None
-    expires_at: int
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
-    request_counts: RequestCounts
-    errors: BatchErrors | None = None
-    metadata: dict[str, str] | None = None
-    # ours, beyond OpenAI's object:
-    model: str | None = None
-    priority: str = Priority.batch.value
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    owner: str | None = Field(default=None, exclude=True)  # the API key (a hash) that created it
-    fed: int = 0  # lines handed to the queues so far
-    feed_s: float = 0.0  # time the feeder spent deciding and enqueueing them
-    feed_cpu_s: float = 0.0  # CPU time of that
-    backends: dict[str, int] = Field(default_factory=dict)  # lines per backend the tree chose
-
-    @property
-    def done(self) -> int:
-        return self.request_counts.completed + self.request_counts.failed
-
-    @property
-    def is_final(self) -> bool:
-        return self.status in FINAL_STATUSES
-
-    @classmethod
-    def from_record(cls, h: dict[str, str]) -> Batch:
-        def ts(key: str) -> int | None:
-            return int(float(h[key])) if key in h else None
-
-        return cls(
-            id=h["id"],
-            endpoint=h.get("endpoint"),
-            input_file=h.get("input_file"),
-            input_file_id=h.get("input_file_id"),
-            completion_window=h.get("completion_window", "24h"),
-            status=h["status"],
-            created_at=ts("created_at") or 0,
-            in_progress_at=ts("in_progress_at"),
-            expires_at=ts("expires_at") or 0,
-            completed_at=ts("completed_at"),
-            failed_at=ts("failed_at"),
-            expired_at=ts("expired_at"),
-            cancelling_at=ts("cancelling_at"),
-            cancelled_at=ts("cancelled_at"),
-            request_counts=RequestCounts(
-                total=int(h.get("total", 0)),
-                completed=int(h.get("completed", 0)),
-                failed=int(h.get("failed", 0)),
-            ),
-            errors=BatchErrors.model_validate_json(h["errors"]) if "errors" in h else None,
-            metadata=json.loads(h["metadata"]) if "metadata" in h else None,
-            model=h.get("model"),
-            priority=h.get("priority", Priority.batch.value),
-            completion_tokens=int(h.get("completion_tokens", 0)),
-            prompt_tokens=int(h.get("prompt_tokens", 0)),
-            owner=h.get("owner"),
-            fed=int(h.get("fed", 0)),
-            feed_s=float(h.get("feed_s", 0.0)),
-            feed_cpu_s=float(h.get("feed_cpu_s", 0.0)),
-            backends={k.split(":", 1)[1]: int(v) for k, v in h.items() if k.startswith("backend:")},
-        )
-
-
-def parse_window(window: str) -> int:
-    """'24h' → seconds. OpenAI accepts only 24h; any positive s/m/h/d window is served here."""
-    m = re.fullmatch(r"\s*(\d+)\s*([smhd])\s*", window)
-    if not m or int(m.group(1)) <= 0:
-        raise BatchInputError(f"completion_window {window!r} is not a duration like 24h, 90m or 2d", {"window": window})
-    return int(m.group(1)) * WINDOW_UNITS[m.group(2)]
-
-
-InputSource = str | os.PathLike | IO[bytes] | Iterable[str | bytes | dict]
-
-
-def _input_lines(source: InputSource, max_line_bytes: int) -> tuple[str | None, Iterator[str | bytes | LineProblem]]:
-    """The input as lines, streamed: a path or an open binary file is read line by line
-    (gzip and UTF-16 too, dispatcher.batch.input), never whole."""
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.is_file():
-            raise BatchInputError(f"no such input file: {path}", {"path": str(path)})
-
-        def read() -> Iterator[bytes | LineProblem]:
-            with path.open("rb") as fh:
-                yield from read_lines(fh, max_line_bytes)
-
-        return path.name, read()
-    if hasattr(source, "read"):
-        name = getattr(source, "name", None)
-        return (Path(name).name if isinstance(name, str) else None), read_lines(source, max_line_bytes)  # type: ignore[arg-type]
-    return None, (json.dumps(x) if isinstance(x, dict) else x for x in source)  # type: ignore[union-attr]
 
 
 class Batches:
@@ -185,7 +51,7 @@ class Batches:
 
     # ------------------------------------------------------------- create
 
-    def create(
+    def create(  # noqa: PLR0913 - keyword arguments as the OpenAI SDK's, and the fleet's beside them
         self,
         input_file: InputSource,
         *,
@@ -214,7 +80,7 @@ class Batches:
             self.registry.get(model)  # an unknown default model is refused before anything is stored
         window = completion_window or self.cfg.default_completion_window
         window_s = parse_window(window)
-        name, lines = _input_lines(input_file, self.cfg.max_line_bytes)
+        name, lines = input_lines(input_file, self.cfg.max_line_bytes)
 
         batch_id = f"batch_{uuid.uuid4().hex}"
         created = time.time()
@@ -236,110 +102,20 @@ class Batches:
             "throughput_target_tok_s": self.cfg.default_throughput_target_tok_s,
         }
         defaults = {"model": model, "priority": priority, "batch_id": batch_id, "slo": slo}
+        staging = Staging(self.store, self.registry, self.tokens, self.cfg)
         not_text: NotJsonLinesError | None = None
         try:
-            total, first_error = self._validate(batch_id, lines, defaults, endpoint, purge_at, progress)
+            total, first_error = staging.run(batch_id, lines, defaults, endpoint, purge_at, progress)
         except NotJsonLinesError as exc:  # a workbook, a zip, ...: refused as a whole
             total, first_error, not_text = 0, None, exc
         except BaseException as exc:
             # Ctrl-C or a broken stream: the batch must not sit in validating forever.
-            reason = (
-                f"validation stopped: {type(exc).__name__}: {exc}"
-                if str(exc)
-                else f"validation stopped: {type(exc).__name__}"
-            )
+            reason = f"validation stopped: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
             self.store.fail(batch_id, [{"code": "validation_interrupted", "message": reason}])
             raise
-        errors = None
-        if not_text is not None:
-            errors = [{"code": "invalid_file_format", "message": str(not_text)}]
-        elif total == 0:
-            errors = [{"code": "empty_file", "message": "the input has no request lines"}]
-        elif first_error is not None:
-            errors = [
-                {
-                    "code": "no_valid_lines",
-                    "line": first_error.line,
-                    "message": f"none of the {total} lines is a valid request; the first: {first_error.message}",
-                }
-            ]
-        if self.store.end_validation(batch_id, total, errors) == "cancelling":
+        if self.store.end_validation(batch_id, total, validation_errors(total, first_error, not_text)) == "cancelling":
             self.drop_unfed(batch_id)
         return self.retrieve(batch_id)
-
-    def _validate(
-        self,
-        batch_id: str,
-        lines: Iterator[str | bytes | LineProblem],
-        defaults: dict[str, Any],
-        endpoint: str | None,
-        purge_at: int,
-        progress: Callable[[int], None] | None,
-    ) -> tuple[int, LineError | None]:
-        """Stream, parse and stage the lines a chunk at a time. Returns (request lines,
-        the first error if no line was valid)."""
-        chunk = self.cfg.validate_chunk
-        seen: set[str] = set()
-        pending: list[ParsedLine] = []  # valid so far: counted against the context window at staging
-        errors: list[tuple[int, dict]] = []
-        total = valid = 0
-        first_error: LineError | None = None
-        line_no = 0
-
-        def refuse(error: LineError) -> None:
-            nonlocal first_error
-            first_error = first_error or error
-            record = error_record(error.custom_id, error.code, error.message, line_job_id(batch_id, error.line))
-            errors.append((error.line, record))
-
-        def stage() -> str:
-            nonlocal pending, errors, valid
-            for error in self._overflows(pending):
-                refuse(error)
-            refused = {line for line, _ in errors}
-            entries = [staged_entry(p.line, p.payload) for p in pending if p.line not in refused]
-            valid += len(entries)
-            status = self.store.stage(batch_id, entries, errors, line_no, purge_at)
-            pending, errors = [], []
-            if progress:
-                progress(line_no)
-            return status
-
-        for line_no, raw in enumerate(lines, 1):
-            parsed = parse_line(line_no, raw, self.registry, defaults, seen, endpoint)
-            if parsed is None:
-                continue
-            total += 1
-            if isinstance(parsed, LineError):
-                refuse(parsed)
-            else:
-                pending.append(parsed)
-            if len(pending) + len(errors) >= chunk and stage() == "cancelling":
-                break  # cancelled while validating: the lines read so far are the batch
-        stage()
-        return total, (first_error if valid == 0 else None)
-
-    def _overflows(self, parsed: list[ParsedLine]) -> list[LineError]:
-        """The lines whose prompt and max_tokens do not fit in their model's context window,
-        counted with the model's tokenizer (a batch per model), as their errors."""
-        if self.tokens is None or not parsed:
-            return []
-        errors = []
-        by_model: dict[str, list[ParsedLine]] = {}
-        for p in parsed:
-            by_model.setdefault(p.job.model, []).append(p)
-        for name, candidates in by_model.items():
-            model = self.registry.get(name)
-            window = serving_window(model)
-            # messages for a model without a chat template are refused line by line when decided
-            lines = [p for p in candidates if might_overflow(p.job, window) and (model.chat or p.job.messages is None)]
-            counts = self.tokens.count_many([p.job for p in lines], model) if lines else None
-            for p, n in zip(lines, counts or []):
-                try:
-                    check_context(p.job, n, window)
-                except ContextOverflowError as exc:
-                    errors.append(LineError(p.line, p.custom_id, exc.code, f"line {p.line}: {exc.message}"))
-        return errors
 
     # ------------------------------------------------------------- read
 

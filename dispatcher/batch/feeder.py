@@ -162,18 +162,7 @@ class BatchFeeder:
             elif now > float(h["expires_at"]):
                 work += self.expire(batch_id)
             elif "total" not in h:  # still being validated
-                if now - float(h["touched"]) > self.stale_s:
-                    log.warning("batch %s: validation stalled; the submitter is gone", batch_id)
-                    self.store.fail(
-                        batch_id,
-                        [
-                            {
-                                "code": "validation_abandoned",
-                                "message": f"validation stopped after line {h.get('max_line', 0)}: "
-                                "the submitting client went away",
-                            }
-                        ],
-                    )
+                self.check_validating(batch_id, h, now)
             elif status == "cancelling":
                 work += self.finish_cancel(batch_id, h, now)
             elif status == "in_progress":
@@ -185,6 +174,13 @@ class BatchFeeder:
         active = set(ids)
         self._progress = {b: p for b, p in self._progress.items() if b in active}  # ended batches go
         return work
+
+    def check_validating(self, batch_id: str, h: dict[str, str], now: float) -> None:
+        """A batch validating with no progress for ``stale_s``: its submitter is gone."""
+        if now - float(h["touched"]) > self.stale_s:
+            log.warning("batch %s: validation stalled; the submitter is gone", batch_id)
+            reason = f"validation stopped after line {h.get('max_line', 0)}: the submitting client went away"
+            self.store.fail(batch_id, [{"code": "validation_abandoned", "message": reason}])
 
     def check_stalled(self, batch_id: str, h: dict[str, str], now: float) -> int:
         """Lines out and none finished for ``lost_check_s``: send again those lost with a

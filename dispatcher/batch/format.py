@@ -44,6 +44,14 @@ class ParsedLine:
     payload: str  # the job as staged (JSON)
 
 
+class _Refused(Exception):
+    """A line's error, raised by the step that found it (parse_line returns it)."""
+
+    def __init__(self, error: LineError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 def parse_line(
     line_no: int,
     raw: str | bytes | LineProblem,
@@ -55,75 +63,100 @@ def parse_line(
     """One input line. ``defaults`` fill in what a line leaves out (model, priority,
     batch_id, slo); ``seen`` collects custom_ids so a duplicate is refused; ``endpoint``,
     if given, is the one url every line must use. Blank lines give None."""
+    try:
+        text = _text(line_no, raw)
+        if not text.strip():
+            return None
+        data = _object(line_no, text, isinstance(raw, bytes))
+        custom_id = _custom_id(line_no, data, seen)
+        url, body = _request(line_no, custom_id, data, endpoint)
+        job = _job(line_no, custom_id, body, registry, defaults)
+        return ParsedLine(line_no, custom_id, url, job, _payload(line_no, custom_id, job))
+    except _Refused as refused:
+        return refused.error
+
+
+def _text(line_no: int, raw: str | bytes | LineProblem) -> str:
+    """The line as text, without a byte-order mark (Windows editors, Excel's "UTF-8 CSV")."""
     if isinstance(raw, LineProblem):  # the reader could not get this line's text
-        return LineError(line_no, None, raw.code, f"line {line_no} {raw.message}")
+        raise _Refused(LineError(line_no, None, raw.code, f"line {line_no} {raw.message}"))
     try:
         text = raw.decode() if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
         message = f"line {line_no} is not UTF-8 (byte {exc.start + 1}); save the file as UTF-8"
-        return LineError(line_no, None, "invalid_utf8", message)
-    text = text.removeprefix("\ufeff")  # a byte-order mark (Windows editors, Excel's "UTF-8 CSV")
-    if not text.strip():
-        return None
+        raise _Refused(LineError(line_no, None, "invalid_utf8", message)) from None
+    return text.removeprefix("\ufeff")
+
+
+def _object(line_no: int, text: str, from_file: bool) -> dict[str, Any]:
+    """The line's JSON object."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        hint = _json_hint(text, isinstance(raw, bytes))
-        message = f"line {line_no} is not valid JSON: {exc.msg} (column {exc.colno}){hint}"
-        return LineError(line_no, None, "invalid_json", message)
+        message = f"line {line_no} is not valid JSON: {exc.msg} (column {exc.colno}){_json_hint(text, from_file)}"
+        raise _Refused(LineError(line_no, None, "invalid_json", message)) from None
     except (ValueError, RecursionError) as exc:  # a 5000-digit number, nesting deeper than the parser goes
         reason = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)
-        return LineError(line_no, None, "invalid_json", f"line {line_no} is not valid JSON: {reason}")
+        raise _Refused(
+            LineError(line_no, None, "invalid_json", f"line {line_no} is not valid JSON: {reason}")
+        ) from None
     if not isinstance(data, dict):
-        return LineError(line_no, None, "invalid_request", f"line {line_no} is not a JSON object")
+        raise _Refused(LineError(line_no, None, "invalid_request", f"line {line_no} is not a JSON object"))
+    return data
+
+
+def _custom_id(line_no: int, data: dict[str, Any], seen: set[str]) -> str:
+    """The line's custom_id, new in this file (added to ``seen``)."""
     custom_id = data.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return LineError(line_no, None, "missing_custom_id", f"line {line_no} has no custom_id (a non-empty string)")
+        message = f"line {line_no} has no custom_id (a non-empty string)"
+        raise _Refused(LineError(line_no, None, "missing_custom_id", message))
     if custom_id in seen:
-        return LineError(
-            line_no,
-            custom_id,
-            "duplicate_custom_id",
-            f"line {line_no}: custom_id {custom_id!r} appeared on an earlier line",
-        )
+        message = f"line {line_no}: custom_id {custom_id!r} appeared on an earlier line"
+        raise _Refused(LineError(line_no, custom_id, "duplicate_custom_id", message))
     seen.add(custom_id)
+    return custom_id
+
+
+def _request(line_no: int, custom_id: str, data: dict[str, Any], endpoint: str | None) -> tuple[str, dict[str, Any]]:
+    """(url, body): the OpenAI Batch shape, or the plain one; only known fields."""
+
+    def refuse(code: str, message: str) -> _Refused:
+        return _Refused(LineError(line_no, custom_id, code, f"line {line_no}{message}"))
 
     if "body" in data:  # the OpenAI Batch shape
         url, body = data.get("url"), data["body"]
         if data.get("method", "POST") != "POST" or url not in (CHAT_URL, COMPLETIONS_URL):
-            return LineError(
-                line_no,
-                custom_id,
+            raise refuse(
                 "invalid_url",
-                f"line {line_no}: only POST {CHAT_URL} and {COMPLETIONS_URL} are served "
-                f"(got {data.get('method', 'POST')} {url})",
+                f": only POST {CHAT_URL} and {COMPLETIONS_URL} are served (got {data.get('method', 'POST')} {url})",
             )
         if not isinstance(body, dict):
-            return LineError(line_no, custom_id, "invalid_request", f"line {line_no}: body must be a JSON object")
+            raise refuse("invalid_request", ": body must be a JSON object")
     else:  # the plain shape
         body = {k: v for k, v in data.items() if k != "custom_id"}
         url = CHAT_URL if "messages" in body else COMPLETIONS_URL
     if endpoint and url != endpoint:
-        return LineError(
-            line_no, custom_id, "invalid_url", f"line {line_no}: url {url} differs from the batch's endpoint {endpoint}"
-        )
+        raise refuse("invalid_url", f": url {url} differs from the batch's endpoint {endpoint}")
     if (url == CHAT_URL) != ("messages" in body):
-        need = "messages" if url == CHAT_URL else "prompt"
-        return LineError(line_no, custom_id, "invalid_request", f"line {line_no}: {url} needs {need!r}")
-
+        raise refuse("invalid_request", f": {url} needs {'messages' if url == CHAT_URL else 'prompt'!r}")
     unknown = set(body) - {"model", "messages", "prompt", *SAMPLING_FIELDS, *IGNORED_FIELDS}
     if unknown:
-        return LineError(
-            line_no, custom_id, "invalid_request", f"line {line_no}: unknown field(s) {', '.join(sorted(unknown))}"
-        )
+        raise refuse("invalid_request", f": unknown field(s) {', '.join(sorted(unknown))}")
+    return url, body
+
+
+def _job(
+    line_no: int, custom_id: str, body: dict[str, Any], registry: ModelRegistry, defaults: dict[str, Any]
+) -> GenerationJob:
+    """The line's job, its model registered."""
     model = body.get("model") or defaults.get("model")
     if not model:
-        return LineError(
-            line_no, custom_id, "invalid_request", f"line {line_no}: no model (set one per line or --model)"
-        )
+        message = f"line {line_no}: no model (set one per line or --model)"
+        raise _Refused(LineError(line_no, custom_id, "invalid_request", message))
     try:
         registry.get(model)
-        job = GenerationJob(
+        return GenerationJob(
             model=model,
             messages=body.get("messages"),
             prompt=body.get("prompt"),
@@ -133,17 +166,21 @@ def parse_line(
             **{k: v for k, v in defaults.items() if k != "model"},
         )
     except UnknownModelError as exc:
-        return LineError(line_no, custom_id, "model_not_found", f"line {line_no}: {exc.message}")
+        raise _Refused(LineError(line_no, custom_id, "model_not_found", f"line {line_no}: {exc.message}")) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        return LineError(line_no, custom_id, "invalid_request", f"line {line_no}: {where}: {first['msg']}")
+        message = f"line {line_no}: {where}: {first['msg']}"
+        raise _Refused(LineError(line_no, custom_id, "invalid_request", message)) from None
+
+
+def _payload(line_no: int, custom_id: str, job: GenerationJob) -> str:
+    """The job as staged (JSON)."""
     try:
-        payload = job.model_dump_json(exclude_none=True)
+        return job.model_dump_json(exclude_none=True)
     except PydanticSerializationError:  # json.loads lets "\ud800" through; no UTF-8 can carry it
         message = f"line {line_no}: a string holds a lone surrogate escape (like \\ud800), which is not text"
-        return LineError(line_no, custom_id, "invalid_text", message)
-    return ParsedLine(line_no, custom_id, url, job, payload)
+        raise _Refused(LineError(line_no, custom_id, "invalid_text", message)) from None
 
 
 def _json_hint(text: str, from_file: bool) -> str:

@@ -37,20 +37,6 @@ class Architecture:
     tied_embeddings: bool
     context: int
 
-    @classmethod
-    def from_hf_config(cls, name: str, cfg: dict) -> Architecture:
-        return cls(
-            name,
-            cfg["num_hidden_layers"],
-            cfg["hidden_size"],
-            cfg["intermediate_size"],
-            cfg["num_attention_heads"],
-            cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-            cfg["vocab_size"],
-            bool(cfg.get("tie_word_embeddings", False)),
-            cfg.get("max_position_embeddings", 2048),
-        )
-
     @property
     def params(self) -> int:
         head_dim = self.hidden // self.heads

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import Field
 
 from core.records import CHAT_URL, COMPLETIONS_URL
-from dispatcher.batch.api import Batch
+from dispatcher.batch.objects import Batch
 from gateway.auth import authenticate
 from gateway.bodies import Strict, parse
 from gateway.errors import APIError

@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dispatcher.batch.api import Batch
 from dispatcher.batch.feeder import BatchFeeder
+from dispatcher.batch.objects import Batch
 from ops.console import client as _client
 from ops.console import console, stop_on_sigterm, watch_batch
 

@@ -241,7 +241,7 @@ def test_an_idle_feeder_steps_once_a_second_and_one_without_the_lease_asks_for_i
 
 def test_unknown_batch_and_bad_options_are_refused(client):
     from core.errors import UnknownModelError
-    from dispatcher.batch.api import BatchInputError, UnknownBatchError
+    from dispatcher.batch.objects import BatchInputError, UnknownBatchError
 
     with pytest.raises(UnknownBatchError):
         client.batches.retrieve("batch_nope")

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from conftest import ib
-from core.drafts import IncompatibleDraftError, check_draft, check_registered
+from core.drafts import IncompatibleDraftError, check_draft
 from core.registry import ModelRegistry
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,8 @@ def registry_with_draft_at(path) -> ModelRegistry:
 
 
 def test_the_derived_draft_is_compatible_and_has_its_first_layers(registry, draft_dir):
-    [check] = check_registered(registry, "smollm2-135m")
+    [draft] = registry.drafts_for("smollm2-135m")
+    check = check_draft(registry.get("smollm2-135m"), draft)
     assert (check.vocab_size, check.family, check.target_layers, check.draft_layers) == (49152, "llama", 30, 8)
     config = json.loads((draft_dir / "config.json").read_text())
     assert config["num_hidden_layers"] == 8

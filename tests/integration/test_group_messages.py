@@ -21,6 +21,7 @@ from conftest import own_database, start_worker, wait_for
 from core.celery_app import GENERATE_GROUP_TASK, GROUP_HEADER
 from core.errors import InvalidMessageError
 from core.fleet import HardwareInfo, WorkerInfo
+from core.settings import HeartbeatSettings
 from core.store import keys
 from core.store.dead_letters import DeadLetters
 from dispatcher.client import Client
@@ -83,7 +84,7 @@ def beating(r: redis.Redis, worker_id: str) -> Heartbeat:
         queues=["ib.llamacpp"],
         started_at=time.time(),
     )
-    beat = Heartbeat(r, info, in_flight=lambda: 0, interval_s=3, ttl_s=60)
+    beat = Heartbeat(r, info, HeartbeatSettings(interval_s=3, ttl_s=60), in_flight=lambda: 0)
     beat.beat()
     return beat
 

@@ -18,6 +18,7 @@ import redis
 from conftest import own_database
 from core.errors import EnqueueError
 from core.fleet import HardwareInfo, WorkerInfo
+from core.settings import HeartbeatSettings
 from core.store import keys
 from dispatcher.client import Client
 from workers.lifecycle.heartbeat import Heartbeat
@@ -51,7 +52,7 @@ def heartbeat(r: redis.Redis, backend: str) -> Heartbeat:
         queues=[f"ib.{backend}"],
         started_at=time.time(),
     )
-    beat = Heartbeat(r, info, in_flight=lambda: 0, interval_s=3, ttl_s=60)
+    beat = Heartbeat(r, info, HeartbeatSettings(interval_s=3, ttl_s=60), in_flight=lambda: 0)
     beat.beat()
     return beat
 

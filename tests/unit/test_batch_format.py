@@ -141,21 +141,21 @@ def test_a_line_with_another_url_than_the_batch_endpoint_is_refused(registry):
 
 @pytest.mark.parametrize(("window", "seconds"), [("24h", 86400), ("90m", 5400), ("2d", 172800), (" 30s ", 30)])
 def test_completion_windows_are_durations(window, seconds):
-    from dispatcher.batch.api import parse_window
+    from dispatcher.batch.objects import parse_window
 
     assert parse_window(window) == seconds
 
 
 @pytest.mark.parametrize("window", ["", "24", "0h", "-1h", "1w", "soon"])
 def test_a_bad_completion_window_is_refused(window):
-    from dispatcher.batch.api import BatchInputError, parse_window
+    from dispatcher.batch.objects import BatchInputError, parse_window
 
     with pytest.raises(BatchInputError, match="completion_window"):
         parse_window(window)
 
 
 def test_a_batch_record_reads_as_an_openai_batch_object():
-    from dispatcher.batch.api import Batch
+    from dispatcher.batch.objects import Batch
 
     b = Batch.from_record(
         {

@@ -18,21 +18,13 @@ from dispatcher.routing.profiles import (
 from ops.profiles.docs import END, START, write
 from tests.unit.test_decision import BACKENDS, MODELS, POLICY, job, worker
 
-SMOLLM2 = {
-    "num_hidden_layers": 30,
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "vocab_size": 49152,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 8192,
-}
+# SmolLM2-135M's config.json: 30 layers, hidden 576, MLP 1536, 9 heads (3 KV), 49152 tokens, tied
+SMOLLM2 = Architecture("SmolLM2-135M", 30, 576, 1536, 9, 3, 49152, True, 8192)
 
 
 def test_parameter_counts_match_the_published_sizes():
     assert LLAMA2_7B.params == pytest.approx(6.74e9, rel=0.001)  # "7B": 6,738,415,616
-    assert Architecture.from_hf_config("SmolLM2-135M", SMOLLM2).params == pytest.approx(134.5e6, rel=0.005)
+    assert SMOLLM2.params == pytest.approx(134.5e6, rel=0.005)
 
 
 def test_memory_estimate_per_7b():

@@ -88,10 +88,6 @@ class BatchProgress:
         self.done = [False] * len(requests)
         self.eos = set(engine.eos_ids)
 
-    @property
-    def all_done(self) -> bool:
-        return all(self.done)
-
     def step(self, tokens: list[int]) -> list[bool]:
         """Record one new token per row; returns which rows are done."""
         now = time.time()

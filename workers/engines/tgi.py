@@ -134,15 +134,14 @@ class TgiEngine(Engine[TgiSpec]):
             args["stop"] = list(s.stop)
         return args
 
-    def _stream(self, job: GenerationJob, timeout: float | None, on_text: Callable[[str], None] | None) -> EngineOutput:
-        started = time.monotonic()
+    def _open(self, job: GenerationJob) -> Any:
+        """The server's stream for this job; a refusal (4xx) as the typed error it means."""
         try:
             if job.messages is not None:
-                stream = self.client.chat.completions.create(
+                return self.client.chat.completions.create(
                     messages=[m.model_dump() for m in job.messages], **self._request(job)
                 )
-            else:
-                stream = self.client.completions.create(prompt=job.prompt, **self._request(job))
+            return self.client.completions.create(prompt=job.prompt, **self._request(job))
         except openai.APIStatusError as exc:
             if exc.status_code >= 500:
                 raise
@@ -150,6 +149,10 @@ class TgiEngine(Engine[TgiSpec]):
             if "context" in exc.message.lower() or "too long" in exc.message.lower():
                 raise ContextOverflowError(message, {"status_code": exc.status_code}) from None
             raise EngineError(message, {"status_code": exc.status_code}) from None
+
+    def _stream(self, job: GenerationJob, timeout: float | None, on_text: Callable[[str], None] | None) -> EngineOutput:
+        started = time.monotonic()
+        stream = self._open(job)
         parts: list[str] = []
         pieces = 0  # content chunks: one token each in TGI's and llama.cpp's streams
         first_token_at, finish, usage = None, None, None

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from core.fleet import Health, WorkerInfo
+from core.settings import HeartbeatSettings
 from core.store import keys
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,8 @@ class Heartbeat:
         self,
         client: redis.Redis,
         info: WorkerInfo,
+        timing: HeartbeatSettings,
         in_flight: Callable[[], int],
-        interval_s: float,
-        ttl_s: float,
         on_beat: Callable[[], None] | None = None,
         engine_stats: Callable[[], dict[str, Any]] | None = None,
         health: Callable[[], Health] | None = None,
@@ -36,8 +36,8 @@ class Heartbeat:
         self.r = client
         self.info = info
         self.in_flight = in_flight
-        self.interval_s = interval_s
-        self.ttl_s = ttl_s
+        self.interval_s = timing.interval_s  # a beat this often
+        self.ttl_s = timing.ttl_s  # the worker counts as dead this long after its last beat
         self.on_beat = on_beat
         self.engine_stats = engine_stats
         self.health = health

@@ -56,8 +56,15 @@ def capabilities(facts: ModelFacts, path: Path | None = None) -> Capabilities:
             caps.hf_architecture = _causal_lm_class(caps.hf_model_type)
             has_hf = True
     caps.hf_native = caps.hf_model_type is not None and _causal_lm_class(caps.hf_model_type) is not None
+    _llamacpp(facts, caps)
+    _transformers(arch, has_hf, caps)
+    _onnx(facts, has_hf, path, caps)
+    return caps
 
-    # llama.cpp: a GGUF of an architecture it knows, given or converted from HF weights
+
+def _llamacpp(facts: ModelFacts, caps: Capabilities) -> None:
+    """llama.cpp: a GGUF of an architecture it knows, given or converted from HF weights."""
+    arch = facts.architecture
     if facts.format == "gguf":
         if arch not in _gguf_architectures():
             caps.unsupported["llamacpp"] = f"llama.cpp does not know the GGUF architecture {arch!r}"
@@ -73,21 +80,24 @@ def capabilities(facts: ModelFacts, path: Path | None = None) -> Capabilities:
     else:
         caps.derive["gguf"] = {"from": "hf", "precision": GGUF_FROM_HF}
 
-    # transformers engines: HF weights of a causal LM it knows
+
+def _transformers(arch: str, has_hf: bool, caps: Capabilities) -> None:
+    """The transformers engines (PyTorch, TGI) and vLLM: HF weights of a causal LM they know."""
     if not has_hf:
         why = f"no HF weights for {arch}, and transformers cannot de-quantize a {arch} GGUF"
         caps.unsupported |= {"pytorch": why, "tgi": why, "vllm": why}
     elif not caps.hf_native:
         why = f"transformers has no causal-LM class for {caps.hf_model_type!r}"
         caps.unsupported |= {"pytorch": why, "tgi": why}
-
     if has_hf and "vllm" not in caps.unsupported:
         known = _vllm_architectures()
         if known is not None and caps.hf_architecture not in known:
             caps.unsupported["vllm"] = f"vLLM's model registry has no {caps.hf_architecture}"
 
-    # ONNX Runtime: the builder's architectures, from HF weights; given an HF folder, the
-    # builder itself reads its config (config_only: seconds, no weights converted)
+
+def _onnx(facts: ModelFacts, has_hf: bool, path: Path | None, caps: Capabilities) -> None:
+    """ONNX Runtime: the builder's architectures, from HF weights; given an HF folder, the
+    builder itself reads its config (config_only: seconds, no weights converted)."""
     listed = has_hf and caps.hf_architecture in _onnx_builder_architectures()
     refused = _onnx_builder_refuses(path) if listed and facts.format == "hf" and path is not None else None
     if refused:
@@ -97,11 +107,10 @@ def capabilities(facts: ModelFacts, path: Path | None = None) -> Capabilities:
             caps.derive[fmt] = {"from": "hf", "precision": precision}
     else:
         caps.unsupported["onnx"] = (
-            f"onnxruntime-genai's model builder cannot export {caps.hf_architecture or arch}"
+            f"onnxruntime-genai's model builder cannot export {caps.hf_architecture or facts.architecture}"
             if has_hf
-            else f"no HF weights for {arch} to export to ONNX"
+            else f"no HF weights for {facts.architecture} to export to ONNX"
         )
-    return caps
 
 
 def _gguf_to_hf_model_type(arch: str) -> str | None:

@@ -69,15 +69,7 @@ def run_group(rt: Runtime, items: list[tuple[GenerationJob, Selection]]) -> dict
     starts = [(job.id, job.batch_id, rt.cancels.watching(job.id)) for job, _ in items]
     begins: list[Begin] = until_reachable(first, "the group's start", lambda: rt.store.begin_many(starts, rt.worker_id))
     counts: Counter[str] = Counter()
-    runs: list[_Run] = []
-    duplicates: list[tuple[GenerationJob, Selection]] = []
-    for (job, sel), begin in zip(items, begins):
-        if begin.running_on is not None:
-            duplicates.append((job, sel))
-        elif begin.final is not None:
-            counts[begin.final[0]] += 1  # finished by an earlier delivery: nothing to run
-        else:
-            runs.append(_Run(job, sel, begin.attempt, begin.cancelled))
+    runs, duplicates = _sort_begins(items, begins, counts)
     log.info("group of %d jobs (%s): running %d", len(items), items[0][1].backend, len(runs))
     _record_hints(rt, [r for r in runs if not r.cancelled])
     try:
@@ -102,6 +94,23 @@ def run_group(rt: Runtime, items: list[tuple[GenerationJob, Selection]]) -> dict
         except JobError:
             counts["failed"] += 1
     return {"jobs": len(items), **counts}
+
+
+def _sort_begins(
+    items: list[tuple[GenerationJob, Selection]], begins: list[Begin], counts: Counter[str]
+) -> tuple[list[_Run], list[tuple[GenerationJob, Selection]]]:
+    """The jobs this delivery runs, and the duplicates that another live worker runs; jobs
+    an earlier delivery finished are only counted."""
+    runs: list[_Run] = []
+    duplicates: list[tuple[GenerationJob, Selection]] = []
+    for (job, sel), begin in zip(items, begins):
+        if begin.running_on is not None:
+            duplicates.append((job, sel))
+        elif begin.final is not None:
+            counts[begin.final[0]] += 1  # finished by an earlier delivery: nothing to run
+        else:
+            runs.append(_Run(job, sel, begin.attempt, begin.cancelled))
+    return runs, duplicates
 
 
 def _record_hints(rt: Runtime, runs: list[_Run]) -> None:

@@ -58,6 +58,34 @@ class Runtime:
 
 def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
     started = time.time()
+    begin = _begin_or_wait(rt, job)
+    if isinstance(begin, dict):  # another delivery's outcome
+        return begin
+    if begin.final is not None:
+        log.info("job %s already finished (%s): returning the recorded outcome", job.id, begin.final[0])
+        return _outcome(*begin.final)
+    attempt = begin.attempt
+    log.info("job %s: model=%s attempt=%d max_tokens=%d", job.id, job.model, attempt, job.sampling.max_tokens)
+    if rt.hints is not None and selection.prefix_hashes:
+        # This worker is about to hold the prompt's blocks: jobs sharing them that are
+        # dispatched from now on come here (confirmed again when the job completes).
+        best_effort("prefix hints", lambda: rt.hints.record(rt.worker_id, selection.prefix_hashes))
+    out = _generate(rt, job, begin)
+    result = build_result(job, selection, out, started, rt.worker_id, attempt)
+    payload = result.model_dump(mode="json")
+    if rt.metrics is not None:
+        rt.metrics.observe(result)
+    line = line_record(job, result)
+    if not until_reachable(job.id, "its outcome", lambda: rt.store.finish(job.id, result.status, payload, line=line)):
+        return _outcome(*until_reachable(job.id, "the read", lambda: rt.store.final(job.id)))  # another finished first
+    if rt.hints is not None and selection.prefix_hashes and result.status == "completed":
+        best_effort("prefix hints", lambda: rt.hints.record(rt.worker_id, selection.prefix_hashes))
+    return payload
+
+
+def _begin_or_wait(rt: Runtime, job: GenerationJob) -> Begin | dict:
+    """This delivery's begin; or, for a duplicate delivery of a job that runs on a live
+    worker, that run's outcome once it ends."""
     begin = _begin(rt, job)
     if begin.running_on is not None:
         log.info("job %s runs on %s: this delivery waits for its outcome", job.id, begin.running_on)
@@ -69,15 +97,13 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
         if (final := until_reachable(job.id, "the wait", lambda: rt.store.wait(job.id, DUPLICATE_WAIT_S))) is not None:
             return _outcome(*final)
         begin = _begin(rt, job)
-    if begin.final is not None:
-        log.info("job %s already finished (%s): returning the recorded outcome", job.id, begin.final[0])
-        return _outcome(*begin.final)
+    return begin
+
+
+def _generate(rt: Runtime, job: GenerationJob, begin: Begin) -> EngineOutput:
+    """The engine's output for the job (watched for cancels, streamed if asked); a failure
+    is recorded as the job's typed error and raised."""
     attempt = begin.attempt
-    log.info("job %s: model=%s attempt=%d max_tokens=%d", job.id, job.model, attempt, job.sampling.max_tokens)
-    if rt.hints is not None and selection.prefix_hashes:
-        # This worker is about to hold the prompt's blocks: jobs sharing them that are
-        # dispatched from now on come here (confirmed again when the job completes).
-        best_effort("prefix hints", lambda: rt.hints.record(rt.worker_id, selection.prefix_hashes))
     rt.cancels.watch(job.id, scope=job.batch_id)
     streams = rt.streams if job.stream else None
     status = "failed"
@@ -88,6 +114,7 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
             on_text = (lambda delta: streams.delta(job.id, delta, attempt)) if streams else None
             out = rt.engine.generate(job, timeout=rt.time_limit_s, on_text=on_text)
         status = "cancelled" if out.finish_reason == "cancelled" else "completed"
+        return out
     except JobError as exc:
         record_failure(rt, job, exc)
         raise
@@ -100,16 +127,6 @@ def run_job(rt: Runtime, job: GenerationJob, selection: Selection) -> dict:
         rt.cancels.unwatch(job.id)
         if streams:
             streams.end(job.id, status, attempt)
-    result = build_result(job, selection, out, started, rt.worker_id, attempt)
-    payload = result.model_dump(mode="json")
-    if rt.metrics is not None:
-        rt.metrics.observe(result)
-    line = line_record(job, result)
-    if not until_reachable(job.id, "its outcome", lambda: rt.store.finish(job.id, result.status, payload, line=line)):
-        return _outcome(*until_reachable(job.id, "the read", lambda: rt.store.final(job.id)))  # another finished first
-    if rt.hints is not None and selection.prefix_hashes and result.status == "completed":
-        best_effort("prefix hints", lambda: rt.hints.record(rt.worker_id, selection.prefix_hashes))
-    return payload
 
 
 def cancelled_unrun(rt: Runtime, job: GenerationJob) -> EngineOutput:

@@ -21,7 +21,7 @@ from core.backends import LlamaCppSpec
 from core.errors import EngineError
 from core.jobs import GenerationJob
 from workers.engines.base import Engine, ModelArtifactError
-from workers.engines.llamacpp.scheduler import Scheduler
+from workers.engines.llamacpp.scheduler import ContextShape, Scheduler
 from workers.engines.prefix_cache import PrefixStateCache
 from workers.engines.request import EngineRequest
 
@@ -100,17 +100,8 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
 
         budget = int(self.config.prefix_cache_mb * 2**20)
         self.prefix_cache = PrefixStateCache(budget, self.config.prefix_min_tokens)
-        self.scheduler = Scheduler(
-            self,
-            self.ctx,
-            n_ctx=self.n_ctx,
-            n_batch=n_batch,
-            n_vocab=self.n_vocab,
-            max_seqs=self.max_seqs,
-            prefill_chunk=self.prefill_chunk,
-            prefix_cache=self.prefix_cache,
-            draft_tokens=self.draft_tokens,
-        ).start()
+        shape = ContextShape(self.n_ctx, n_batch, self.n_vocab, self.max_seqs, self.prefill_chunk, self.draft_tokens)
+        self.scheduler = Scheduler(self, self.ctx, shape, self.prefix_cache).start()
         log.info(
             "llama.cpp engine: %s (%s), %d threads, %d sequences, loaded in %.1f s",
             self.model.name,

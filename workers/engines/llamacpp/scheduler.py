@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp
@@ -31,26 +32,27 @@ from workers.engines.request import EngineRequest, fail_requests
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ContextShape:
+    """The llama.cpp context the scheduler steps (the engine made it with these numbers)."""
+
+    n_ctx: int  # KV cells in the shared pool
+    n_batch: int  # tokens one llama_decode takes
+    n_vocab: int
+    max_seqs: int  # sequence ids: jobs running at once
+    prefill_chunk: int  # prompt tokens a sequence adds per step
+    draft_tokens: int  # prompt-lookup drafts a decoding sequence adds per step (0: none)
+
+
 class Scheduler:
-    def __init__(
-        self,
-        engine: Engine[Any],
-        ctx: Any,
-        n_ctx: int,
-        n_batch: int,
-        n_vocab: int,
-        max_seqs: int,
-        prefill_chunk: int,
-        prefix_cache: PrefixStateCache,
-        draft_tokens: int,
-    ) -> None:
-        self.engine, self.ctx, self.n_ctx, self.n_batch = engine, ctx, n_ctx, n_batch
-        self.prefill_chunk = prefill_chunk
+    def __init__(self, engine: Engine[Any], ctx: Any, shape: ContextShape, prefix_cache: PrefixStateCache) -> None:
+        self.engine, self.ctx, self.n_ctx, self.n_batch = engine, ctx, shape.n_ctx, shape.n_batch
+        self.prefill_chunk = shape.prefill_chunk
         self.prefix_cache = prefix_cache
         self.memory = llama_cpp.llama_get_memory(ctx)
-        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self.lookup = PromptLookup(ctx, self.memory, draft_tokens)
-        self.n_vocab = n_vocab
+        self.batch = llama_cpp.llama_batch_init(shape.n_batch, 0, 1)
+        self.lookup = PromptLookup(ctx, self.memory, shape.draft_tokens)
+        self.n_vocab = shape.n_vocab
         self._out_rows: dict[int, int] = {}  # this step's batch index → its row in the logits
         self._argmax: np.ndarray | None = None  # this step's greedy picks, one per logits row
         self.eos = set(engine.eos_ids)
@@ -58,7 +60,7 @@ class Scheduler:
         self.steps = 0
 
         self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
-        self._free = list(range(max_seqs))
+        self._free = list(range(shape.max_seqs))
         self._held: list[EngineRequest] = []  # waiting for KV room, or for a prefix being evaluated
         self._reserved = 0  # KV cells promised to the running sequences (prompt + max_tokens)
         self._running: list[Sequence] = []
@@ -193,8 +195,25 @@ class Scheduler:
         self.batch.n_tokens = 0
         self._out_rows.clear()
         self._argmax = None
-        outputs: list[tuple[Sequence, int]] = []
+        outputs: list[tuple[Sequence, int]] = []  # (sequence, the batch index of its logits)
         drafts: dict[int, tuple[int, list[int], list[int]]] = {}  # id(seq) → its n_past, drafts, their logit rows
+        self._add_decoders(outputs, drafts)
+        self._add_prefills(outputs)
+        rc = llama_cpp.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with code {rc} ({len(self._running)} sequences)")
+        self.steps += 1
+        self._sample(outputs, drafts, time.time())
+        running = list(self._running)
+        cancelled = self.engine.cancelled([s.request.job_id for s in running])
+        for s in running:
+            if s.request.job_id in cancelled or s.request.aborted:
+                self._finish(s, "cancelled")
+
+    def _add_decoders(
+        self, outputs: list[tuple[Sequence, int]], drafts: dict[int, tuple[int, list[int], list[int]]]
+    ) -> None:
+        """Each decoding sequence's last token (and, speculating, its drafts) into the batch."""
         for s in self._running:
             if not s.prefilling:
                 draft = self.lookup.draft(s)
@@ -203,6 +222,9 @@ class Scheduler:
                     rows = [self._add(d, s.n_past + 1 + j, s.seq_id, True) for j, d in enumerate(draft)]
                     drafts[id(s)] = (s.n_past, draft, rows)
                 s.n_past += 1
+
+    def _add_prefills(self, outputs: list[tuple[Sequence, int]]) -> None:
+        """A chunk of each prefilling sequence's prompt into the batch, while room is left."""
         room = self.n_batch - self.batch.n_tokens
         for s in self._running:
             # Prompt chunks end on multiples of prefill_chunk, so a prompt is cut the same
@@ -219,11 +241,11 @@ class Scheduler:
             s.n_past += len(chunk)
             self.prompt_tokens_evaluated += len(chunk)
             room -= len(chunk)
-        rc = llama_cpp.llama_decode(self.ctx, self.batch)
-        if rc != 0:
-            raise EngineError(f"llama_decode failed with code {rc} ({len(self._running)} sequences)")
-        self.steps += 1
-        now = time.time()
+
+    def _sample(
+        self, outputs: list[tuple[Sequence, int]], drafts: dict[int, tuple[int, list[int], list[int]]], now: float
+    ) -> None:
+        """Each sequence with logits takes its next token (and verifies its drafts)."""
 
         def take(s: Sequence, tok: int, save_prefix: bool = False) -> bool:
             reason = append_token(self.engine, s.request, tok, self.eos, now)
@@ -243,11 +265,6 @@ class Scheduler:
             tok = self._pick(s, idx)
             if not take(s, tok, save_prefix=s.save_prefix and len(s.request.tokens) == 0) and id(s) in drafts:
                 self.lookup.verify(s, tok, *drafts[id(s)], take, self._pick)
-        running = list(self._running)
-        cancelled = self.engine.cancelled([s.request.job_id for s in running])
-        for s in running:
-            if s.request.job_id in cancelled or s.request.aborted:
-                self._finish(s, "cancelled")
 
     def _save_prefix(self, s: Sequence) -> None:
         """The sequence holds exactly its prompt now: keep that state for later prompts."""

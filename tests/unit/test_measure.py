@@ -1,4 +1,4 @@
-"""The one percentile every benchmark reports (bench/report.py)."""
+"""The one percentile every benchmark and `ib bench profiles` report (ops/measure.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from bench.report import percentile
+from ops.measure import percentile
 
 
 def test_percentile_interpolates_like_numpy_and_agrees_with_the_median():
