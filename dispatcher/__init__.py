@@ -1,9 +1,8 @@
-"""The contract and the submitting side of InferenceBackend.
+"""The submitting side of InferenceBackend: where a job goes and how it gets there.
 
-The contract both sides share: the task message (jobs: GenerationJob, Selection,
-JobResult, typed errors), the Celery app and its queues (celery_app), models and backends
-(registry, drafts), typed config (settings), where Redis is (connection), the live fleet
-from heartbeats (fleet) and what is kept in Redis (store/). The submitting side: the
-Python client (client), where a job goes (routing/) and offline batches (batch/).
-It never imports workers/ or ops/; workers/ imports only the contract from here.
+The Python client (client: a thin facade over parts), the router that decides (router,
+routing/: pure, handed the fleet view), what it reads of the fleet (fleet_state), the
+sender that claims records and publishes (sender, push_guard, messages, grouping), and
+offline batches (batch/). It imports core/ for the contract and the stores; it never
+imports workers/, gateway/ or ops/.
 """

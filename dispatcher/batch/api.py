@@ -33,7 +33,7 @@ from core.store.batchstore import BatchStore
 from core.store.jobstore import JobStore
 from dispatcher.batch.input import NotJsonLinesError
 from dispatcher.batch.objects import Batch, BatchInputError, UnknownBatchError, parse_window
-from dispatcher.batch.staging import InputSource, Staging, input_lines, validation_errors
+from dispatcher.batch.staging import BatchInput, InputSource, Staging, input_lines, validation_errors
 from dispatcher.routing.prefix import PrefixHasher
 
 
@@ -68,16 +68,7 @@ class Batches:
         ``failed`` at validation, with the reason in ``errors``). ``progress`` is called
         with the number of lines read so far, every chunk. ``owner`` (the gateway's API
         key hash) indexes the batch under that key, for ``list_owned``."""
-        if endpoint not in (None, CHAT_URL, COMPLETIONS_URL):
-            raise BatchInputError(
-                f"endpoint must be {CHAT_URL} or {COMPLETIONS_URL}, not {endpoint!r}", {"endpoint": endpoint}
-            )
-        if priority not in Priority.__members__:
-            raise BatchInputError(
-                f"unknown priority {priority!r}; known: {', '.join(Priority.__members__)}", {"priority": priority}
-            )
-        if model is not None:
-            self.registry.get(model)  # an unknown default model is refused before anything is stored
+        self._check(endpoint, model, priority)
         window = completion_window or self.cfg.default_completion_window
         window_s = parse_window(window)
         name, lines = input_lines(input_file, self.cfg.max_line_bytes)
@@ -102,20 +93,37 @@ class Batches:
             "throughput_target_tok_s": self.cfg.default_throughput_target_tok_s,
         }
         defaults = {"model": model, "priority": priority, "batch_id": batch_id, "slo": slo}
-        staging = Staging(self.store, self.registry, self.tokens, self.cfg)
+        self._stage(BatchInput(batch_id, lines, defaults, endpoint, purge_at, progress))
+        return self.retrieve(batch_id)
+
+    def _check(self, endpoint: str | None, model: str | None, priority: str) -> None:
+        """A batch's own options, refused before anything is stored."""
+        if endpoint not in (None, CHAT_URL, COMPLETIONS_URL):
+            raise BatchInputError(
+                f"endpoint must be {CHAT_URL} or {COMPLETIONS_URL}, not {endpoint!r}", {"endpoint": endpoint}
+            )
+        if priority not in Priority.__members__:
+            raise BatchInputError(
+                f"unknown priority {priority!r}; known: {', '.join(Priority.__members__)}", {"priority": priority}
+            )
+        if model is not None:
+            self.registry.get(model)  # an unknown default model
+
+    def _stage(self, batch: BatchInput) -> None:
+        """Stage the lines, then end validation: the batch runs, or fails with why."""
         not_text: NotJsonLinesError | None = None
         try:
-            total, first_error = staging.run(batch_id, lines, defaults, endpoint, purge_at, progress)
+            total, first_error = Staging(self.store, self.registry, self.tokens, self.cfg).run(batch)
         except NotJsonLinesError as exc:  # a workbook, a zip, ...: refused as a whole
             total, first_error, not_text = 0, None, exc
         except BaseException as exc:
             # Ctrl-C or a broken stream: the batch must not sit in validating forever.
             reason = f"validation stopped: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
-            self.store.fail(batch_id, [{"code": "validation_interrupted", "message": reason}])
+            self.store.fail(batch.batch_id, [{"code": "validation_interrupted", "message": reason}])
             raise
-        if self.store.end_validation(batch_id, total, validation_errors(total, first_error, not_text)) == "cancelling":
-            self.drop_unfed(batch_id)
-        return self.retrieve(batch_id)
+        errors = validation_errors(total, first_error, not_text)
+        if self.store.end_validation(batch.batch_id, total, errors) == "cancelling":
+            self.drop_unfed(batch.batch_id)
 
     # ------------------------------------------------------------- read
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -45,6 +46,18 @@ def input_lines(source: InputSource, max_line_bytes: int) -> tuple[str | None, I
     return None, (json.dumps(x) if isinstance(x, dict) else x for x in source)  # type: ignore[union-attr]
 
 
+@dataclass
+class BatchInput:
+    """One batch's input as staging takes it."""
+
+    batch_id: str
+    lines: Iterator[str | bytes | LineProblem]
+    defaults: dict[str, Any]  # what a line leaves out: model, priority, batch_id, slo
+    endpoint: str | None  # the one url every line must use (None: either)
+    purge_at: int  # when the staged lines expire
+    progress: Callable[[int], None] | None  # told the lines read so far, each chunk
+
+
 class Staging:
     """One batch's lines, read, validated and staged (``run``)."""
 
@@ -56,17 +69,11 @@ class Staging:
         self.tokens = tokens  # counts each line's prompt: context overflow is that line's error at submit
         self.cfg = cfg
 
-    def run(
-        self,
-        batch_id: str,
-        lines: Iterator[str | bytes | LineProblem],
-        defaults: dict[str, Any],
-        endpoint: str | None,
-        purge_at: int,
-        progress: Callable[[int], None] | None,
-    ) -> tuple[int, LineError | None]:
+    def run(self, batch: BatchInput) -> tuple[int, LineError | None]:
         """Stream, parse and stage the lines a chunk at a time. Returns (request lines,
         the first error if no line was valid)."""
+        batch_id, lines, defaults, endpoint = batch.batch_id, batch.lines, batch.defaults, batch.endpoint
+        purge_at, progress = batch.purge_at, batch.progress
         chunk = self.cfg.validate_chunk
         seen: set[str] = set()
         pending: list[ParsedLine] = []  # valid so far: counted against the context window at staging

@@ -69,22 +69,8 @@ def apply_affinity(
         return sel.model_copy(update={**update, **own, "path": [*sel.path, step]})
 
     if holders:
-
-        def cost(w: WorkerInfo) -> tuple[float, int]:
-            got = matched.get(w.worker_id, 0)
-            return affinity_cost(got, n, w, policy.prefix_load_weight), -got  # a tie: the longer match
-
-        best = min(live, key=cost)
-        got = matched.get(best.worker_id, 0)
-        load = f"load {best.in_flight}/{best.capacity}, cost {cost(best)[0]:.2f}"
-        if best in holders:
-            return to(best, f"holds {got}/{n} leading blocks, {load}")
-        top = max(holders, key=lambda w: matched.get(w.worker_id, 0))
-        return to(
-            best,
-            f"holds {got}/{n} blocks, but {top.worker_id} (holds {matched.get(top.worker_id, 0)}) "
-            f"is at {top.in_flight}/{top.capacity}: {load}",
-        )
+        best, detail = _least_cost(live, holders, matched, n, policy)
+        return to(best, detail)
     room = [w for w in live if w.in_flight < w.capacity]
     if n >= policy.prefix_min_blocks and room:
         best = min(room, key=lambda w: (cached.get(w.worker_id, 0), w.load))
@@ -99,6 +85,28 @@ def apply_affinity(
         why = f"{n} blocks, shorter than prefix_min_blocks ({policy.prefix_min_blocks})"
     step = PathStep(check="prefix affinity", answer="shared queue", detail=why)
     return sel.model_copy(update={**update, "path": [*sel.path, step]})
+
+
+def _least_cost(
+    live: list[WorkerInfo], holders: list[WorkerInfo], matched: dict[str, int], n: int, policy: DecisionPolicy
+) -> tuple[WorkerInfo, str]:
+    """The live worker where the job costs least (affinity_cost), and why, said against
+    the holder of the longest match when that is another worker."""
+
+    def cost(w: WorkerInfo) -> tuple[float, int]:
+        got = matched.get(w.worker_id, 0)
+        return affinity_cost(got, n, w, policy.prefix_load_weight), -got  # a tie: the longer match
+
+    best = min(live, key=cost)
+    got = matched.get(best.worker_id, 0)
+    load = f"load {best.in_flight}/{best.capacity}, cost {cost(best)[0]:.2f}"
+    if best in holders:
+        return best, f"holds {got}/{n} leading blocks, {load}"
+    top = max(holders, key=lambda w: matched.get(w.worker_id, 0))
+    return best, (
+        f"holds {got}/{n} blocks, but {top.worker_id} (holds {matched.get(top.worker_id, 0)}) "
+        f"is at {top.in_flight}/{top.capacity}: {load}"
+    )
 
 
 def cap_affinity(sel: Selection, queued: int, capacity: int, policy: DecisionPolicy) -> Selection:

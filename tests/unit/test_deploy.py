@@ -189,6 +189,21 @@ def test_every_command_the_images_run_exists_with_those_options():
         assert result.exit_code == 0, f"{where}: ib {' '.join(args)}\n{result.output}"
 
 
+def test_every_image_copies_every_package_the_project_installs():
+    """An image built without a package of pyproject's list installs fine and fails at its
+    first import (a new top-level package, core/, was once missing from every image)."""
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in include}
+    assert packages == {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"} - {
+        "bench"
+    }
+    for dockerfile in sorted((ROOT / "deploy").glob("Dockerfile.*")):
+        copied = set(re.findall(r"^COPY (\w+) \./\1$", dockerfile.read_text(), re.M))
+        assert packages <= copied, f"{dockerfile.name} lacks {sorted(packages - copied)}"
+
+
 def test_multi_stage_images_run_as_a_non_root_user():
     for dockerfile in ("Dockerfile.cpu", "Dockerfile.gpu"):
         text = (ROOT / "deploy" / dockerfile).read_text()
