@@ -74,17 +74,10 @@ def priority_queue_names(queue: str, steps: list[int]) -> list[str]:
 
 def queued(client: redis.Redis, queue: str, steps: list[int]) -> int:
     """Messages waiting in a queue on the Redis transport, all priority steps (one round trip)."""
-    return queued_many(client, [queue], steps)[queue]
-
-
-def queued_many(client: redis.Redis, queues: list[str], steps: list[int]) -> dict[str, int]:
-    """``queued`` for several queues, in one round trip."""
     pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        for name in priority_queue_names(queue, steps):
-            pipe.llen(name)
-    counts = iter(pipe.execute())
-    return {queue: sum(next(counts) for _ in steps) for queue in queues}
+    for name in priority_queue_names(queue, steps):
+        pipe.llen(name)
+    return sum(pipe.execute())
 
 
 def create_app(broker_url: str) -> Celery:

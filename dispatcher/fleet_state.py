@@ -2,8 +2,9 @@
 for each dispatch what the router's prefix affinity needs (hints, own queues' depths).
 
 The router (dispatcher.router) decides on what it is handed; the reads it needs are made
-here, each in one round trip per dispatch, and ``route`` puts the three steps together
-for the client and the batch feeder alike.
+here (the hints of a dispatch's prompts in one round trip, an own queue's depth once per
+queue a job is sent to), and ``route`` puts the steps together for the client and the
+batch feeder alike.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 
 import redis
 
-from core.celery_app import queued_many
+from core.celery_app import queued
 from core.errors import JobError
 from core.fleet import FleetView, read_fleet
 from core.jobs import GenerationJob, Selection
@@ -69,14 +70,19 @@ class FleetState:
 
     def reads_for(self, router: Router, plans: list[Plan | JobError]) -> RouteReads:
         """What the plans' prefix affinity needs: every prompt's hints in one round trip
-        (one per job was 64 round trips of a 64-job submit), and the depths of the own
-        queues a job may be sent to in one more."""
+        (one per job was 64 round trips of a 64-job submit), and an own queue's depth in
+        one more at its first use (only queues a job is sent to are read)."""
         asks = router.asks(plans)
         if self.hints is None or not asks:
             return NO_READS
-        lookups = self.hints.lookup_many(asks)
-        queues = router.own_queues(plans)
-        return RouteReads(lookups, queued_many(self.redis, queues, self.steps) if queues else {})
+        depths: dict[str, int] = {}
+
+        def depth(queue: str) -> int:
+            if queue not in depths:
+                depths[queue] = queued(self.redis, queue, self.steps)
+            return depths[queue]
+
+        return RouteReads(self.hints.lookup_many(asks), depth)
 
 
 def route(

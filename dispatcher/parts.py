@@ -18,6 +18,7 @@ from core.store.jobstore import JobStore
 from dispatcher.batch.api import Batches
 from dispatcher.fleet_state import FleetState
 from dispatcher.messages import Publisher
+from dispatcher.push_guard import install_guarded
 from dispatcher.router import Router
 from dispatcher.routing import profiles
 from dispatcher.routing.prefix import PrefixHasher
@@ -53,10 +54,11 @@ class DispatchParts:
         # The model's tokenizer counts prompts at submit (context overflow) and hashes their
         # blocks (prefix affinity): one per process, each model's loaded once.
         tokens = PrefixHasher(cfg.prefix.block_tokens, cfg.prefix.max_blocks)
-        fleet = FleetState(client, hints, cfg.priorities.steps(), cfg.client.fleet_cache_s, cfg.client.fleet_stale_s)
+        guarded = install_guarded(app)  # a record's claim and its decision's premise run in the push
+        steps, client_cfg = cfg.priorities.steps(), cfg.client
+        fleet = FleetState(client, hints, steps, client_cfg.fleet_cache_s, client_cfg.fleet_stale_s, guarded)
         publisher = Publisher(app, cfg.priorities, show_text=cfg.flower.show_text)
-        sender = Sender(publisher, store, hints, cfg.celery, fleet.last)
-        fleet.checks_premise = sender.checks_premise
+        sender = Sender(publisher, store, hints, cfg.celery, fleet.last, guarded)
         policy = cfg.decision
         router = Router(
             registry,

@@ -5,14 +5,16 @@ script run in place of the message's LPUSH, which pushes only if its checks pass
 them in one pipeline (``push_held``) whose replies come back. The sender claims a job's
 record and checks its decision's premise (the fleet it decided on is unchanged) that
 way, in the push itself instead of round trips before it (dispatcher.sender). Installed
-over the fleet's transport (core.transport) by the sender; a channel without it (another
-broker, kombu's own ``rediss://``) makes the sender claim first and publish after.
+over the fleet's transport (core.transport) when the submitting side's parts are made
+(dispatcher.parts); a channel without it (another broker, kombu's own ``rediss://``)
+makes the sender claim first and publish after.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from celery import Celery
 from kombu.transport import redis as kombu_redis
 
 from core.transport import Channel, Transport, install
@@ -89,6 +91,10 @@ class GuardedTransport(Transport):
     Channel = GuardedChannel
 
 
-def install_guarded() -> None:
-    """Make this process's ``redis://`` connections guard pushes (the sender, at start)."""
+def install_guarded(app: Celery) -> bool:
+    """Make this process's ``redis://`` connections guard pushes (the submitting side, at
+    start); returns whether ``app``'s broker does (False: another broker, or kombu's own
+    transport for ``rediss://``)."""
     install(GuardedTransport)
+    with app.connection_for_write() as conn:  # the transport's class: no connection made
+        return hasattr(getattr(conn.transport, "Channel", None), "guard_push")

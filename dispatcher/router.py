@@ -6,20 +6,24 @@ between them, which the caller makes (dispatcher.fleet_state.route):
 
 1. ``plan_each``: the seed's tree and its constraints (dispatcher.routing.decision),
    the context check, and the prompt's block hashes where prefix affinity applies;
-2. the caller reads what those plans ask for in one round trip each: the workers'
-   hints, loads and cached blocks (``asks``) and the depths of the own queues a job
-   may be sent to (``own_queues``), as a RouteReads;
+2. the caller reads what those plans ask for, the workers' hints, loads and cached blocks
+   (``asks``), in one round trip, and hands them over as a RouteReads, with a function
+   that tells an own queue's depth;
 3. ``place_each``: prefix affinity on those reads, each job counting the ones before it
    (``Sent``: the hints in Redis change only once the dispatch has sent).
+
+An own queue's depth is asked for only once a job is about to be sent there (to cap a
+holder's backlog): reading every live worker's own queue up front would cost each
+dispatch a read per worker of the fleet, for the one or two queues it uses.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from core.backends import BackendSpec
-from core.celery_app import own_queue_of
 from core.errors import JobError
 from core.fleet import FleetView
 from core.jobs import GenerationJob, Selection, check_context
@@ -45,14 +49,18 @@ class Plan(NamedTuple):
 @dataclass(frozen=True)
 class RouteReads:
     """What a dispatch's prefix affinity needs from Redis, read by the caller: one Lookup
-    per plan that asks (``Router.asks``, in order), and the jobs waiting in each own queue
-    a job may be sent to (``Router.own_queues``)."""
+    per plan that asks (``Router.asks``, in order), and the jobs waiting in an own queue
+    (``depth``: read by the caller once per queue, when the router first asks)."""
 
     lookups: list[Lookup]
-    depths: dict[str, int]
+    depth: Callable[[str], int]
 
 
-NO_READS = RouteReads([], {})
+def _unread(queue: str) -> int:
+    raise AssertionError(f"{queue}: no job of this dispatch asked for prefix affinity")
+
+
+NO_READS = RouteReads([], _unread)
 
 
 class Router:
@@ -108,17 +116,6 @@ class Router:
         hashes, in order (core.store.hints.PrefixHints.lookup_many)."""
         return [(p.hashes, p.live) for p in plans if isinstance(p, Plan) and p.hashes is not None]
 
-    def own_queues(self, plans: list[Plan | JobError]) -> list[str]:
-        """The own queues a plan may be sent to: its live workers', where its prompt is long
-        enough for affinity to pick a worker (apply_affinity), each named once."""
-        queues = {
-            own_queue_of(p.selection.queue, worker): None
-            for p in plans
-            if isinstance(p, Plan) and p.hashes is not None and len(p.hashes) >= self.policy.prefix_min_blocks
-            for worker in p.live
-        }
-        return list(queues)
-
     def place_each(
         self, plans: list[Plan | JobError], reads: RouteReads, fleet: FleetView, sent: Sent
     ) -> list[Selection | JobError]:
@@ -130,11 +127,13 @@ class Router:
             if isinstance(plan, JobError)
             else plan.selection
             if plan.hashes is None
-            else self._affine(plan, next(found), fleet, sent, reads.depths)
+            else self._affine(plan, next(found), fleet, sent, reads.depth)
             for plan in plans
         ]
 
-    def _affine(self, plan: Plan, found: Lookup, fleet: FleetView, sent: Sent, depths: dict[str, int]) -> Selection:
+    def _affine(
+        self, plan: Plan, found: Lookup, fleet: FleetView, sent: Sent, depth: Callable[[str], int]
+    ) -> Selection:
         """Prefix affinity on what the hints say (``found``) and what this dispatch sent."""
         hashes = plan.hashes or []
         fleet = fleet.with_in_flight({w: n + sent.jobs[w] for w, n in found.in_flight.items()})
@@ -143,7 +142,7 @@ class Router:
         if sel.affinity_worker is None:
             return sel
         holder = next((w for w in fleet.workers if w.worker_id == sel.affinity_worker), None)
-        waiting = depths.get(sel.queue, 0) + sent.jobs[sel.affinity_worker]
+        waiting = depth(sel.queue) + sent.jobs[sel.affinity_worker]
         sel = cap_affinity(sel, waiting, holder.capacity if holder else 1, self.policy)
         if sel.affinity_worker:  # it will hold the blocks it lacked: the next decisions count them
             sent.jobs[sel.affinity_worker] += 1

@@ -24,7 +24,7 @@ from core.store.hints import PrefixHints
 from core.store.jobstore import JobStore
 from dispatcher.grouping import group_sends, units_id
 from dispatcher.messages import Pair, Publisher
-from dispatcher.push_guard import PushGuard, install_guarded
+from dispatcher.push_guard import PushGuard
 
 
 class Sender:
@@ -35,10 +35,12 @@ class Sender:
         hints: PrefixHints | None,
         celery: CelerySettings,
         last_view: Callable[[], FleetView | None],
+        checks_premise: bool,
     ) -> None:
         """``celery``: how many jobs a message may carry, on which backends;
-        ``last_view``: the fleet view read last (a queue's readers, for grouping)."""
-        install_guarded()
+        ``last_view``: the fleet view read last (a queue's readers, for grouping);
+        ``checks_premise``: the broker's pushes can be guarded (dispatcher.push_guard), so
+        the fleet's own Redis transport carries the messages."""
         self.publisher = publisher
         self.app: Celery = publisher.app
         self.store = store
@@ -47,8 +49,7 @@ class Sender:
         self.group_backends = celery.group_backends
         self.last_view = last_view
         self.levels = {p.value: publisher.priorities.level(p.value) for p in Priority}
-        with self.app.connection_for_write() as conn:  # the transport's class: no connection made
-            self.checks_premise = hasattr(getattr(conn.transport, "Channel", None), "guard_push")
+        self.checks_premise = checks_premise
 
     def enqueue(self, pairs: list[Pair], resume: bool = False, fleet: FleetView | None = None) -> list[Pair]:
         """Create the job records and send the new jobs (a known id is never sent twice).
