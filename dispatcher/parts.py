@@ -13,6 +13,7 @@ from core import connection, settings
 from core.backends import load_backends
 from core.celery_app import BrokerNotConfigured, get_app
 from core.registry import LiveRegistry, ModelRegistry
+from core.store.batchstore import BatchStore
 from core.store.hints import PrefixHints
 from core.store.jobstore import JobStore
 from dispatcher.batch.api import Batches
@@ -70,5 +71,5 @@ class DispatchParts:
             # queue when a worker dies: Redis lists only. With RabbitMQ jobs use the shared queues.
             affinity=hints is not None and connection.is_redis_broker(app.conf.broker_url),
         )
-        batches = Batches(client, registry, store, tokens)
+        batches = Batches(BatchStore(client), store, registry, tokens)
         return cls(client, app, registry, store, fleet, router, sender, batches)

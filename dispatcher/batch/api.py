@@ -23,8 +23,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from core import settings
 from core.jobs import Priority
 from core.records import CHAT_URL, COMPLETIONS_URL, error_record, line_job_id
@@ -41,12 +39,15 @@ class Batches:
     """``client.batches``: create, retrieve, list, cancel, results; shaped like the OpenAI SDK's."""
 
     def __init__(
-        self, client: redis.Redis, registry: ModelRegistry, jobs: JobStore, tokens: PrefixHasher | None = None
+        self, store: BatchStore, jobs: JobStore, registry: ModelRegistry, tokens: PrefixHasher | None = None
     ) -> None:
-        self.registry = registry
+        """Built from the stores (batches, and job records for cancels), the registry and
+        the models' tokenizers, which count each line's prompt: a context overflow is that
+        line's error at submit."""
+        self.store = store
         self.jobs = jobs
-        self.tokens = tokens  # counts each line's prompt: context overflow is that line's error at submit
-        self.store = BatchStore(client)
+        self.registry = registry
+        self.tokens = tokens
         self.cfg = settings.fleet_config().batch
 
     # ------------------------------------------------------------- create
