@@ -1,8 +1,9 @@
-"""The router: where each job of a dispatch goes, decided from what it is handed. No I/O.
+"""The router: where each job of a dispatch goes, decided from what it is handed, with no
+I/O of its own.
 
 As vLLM v1 splits its engine core from its client, the decision is kept apart from the
-reads and the sends around it. A dispatch is decided in two pure steps with one read
-between them, which the caller makes (dispatcher.fleet_state.route):
+reads and the sends around it. A dispatch is decided in two steps with the reads between
+them, which the caller makes (dispatcher.fleet_state.route):
 
 1. ``plan_each``: the seed's tree and its constraints (dispatcher.routing.decision),
    the context check, and the prompt's block hashes where prefix affinity applies;
