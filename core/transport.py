@@ -10,9 +10,11 @@ again whenever the channel's pool is (kombu drops the pool after a connection er
 The consuming connection (BRPOP) and everything else are kombu's own.
 
 Each side adds what only it needs, without this module knowing either:
-- the worker hands the channel its own QoS in the broker transport options (``QoS``:
+- the worker's consumer hands the connection it consumes on its own QoS (``consume_with``:
   workers.redelivery.taken records each taken message and counts a group message as its
-  jobs), so nothing is kept in module state;
+  jobs), so nothing is kept in module state. On the connection object, not in its
+  transport options: `celery inspect stats` (Flower's worker and broker views) sends
+  those options as JSON, which a class is not;
 - the submitting side installs a subclass whose pushes can be guarded by a script
   (dispatcher.push_guard): a record claim runs in the push itself.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from kombu import Connection
 from kombu.transport import TRANSPORT_ALIASES, _transport_cache
 from kombu.transport import redis as kombu_redis
 from kombu.utils.imports import symbol_by_name
@@ -42,11 +45,25 @@ class SharedClientMixin:
         return client
 
 
-class Channel(SharedClientMixin, kombu_redis.Channel):
-    """One client per channel; its QoS class may come from the transport options (``QoS``:
-    a consuming process's own, set on its app's ``broker_transport_options``)."""
+QOS_ATTRIBUTE = "ib_qos"  # on a kombu Connection: the QoS class its channels use
 
-    from_transport_options = (*kombu_redis.Channel.from_transport_options, "QoS")
+
+def consume_with(conn: Connection, qos: type[kombu_redis.QoS]) -> Connection:
+    """Have the channels of ``conn`` (a consuming connection, before it connects) use
+    ``qos``; connections of this fleet's transport only, others ignore it."""
+    setattr(conn, QOS_ATTRIBUTE, qos)
+    return conn
+
+
+class Channel(SharedClientMixin, kombu_redis.Channel):
+    """One client per channel; its QoS class may be the consuming connection's own
+    (``consume_with``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        qos = getattr(self.connection.client, QOS_ATTRIBUTE, None)  # kombu: connection is the transport
+        if qos is not None:
+            self.QoS = qos
 
 
 class Transport(kombu_redis.Transport):

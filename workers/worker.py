@@ -50,7 +50,7 @@ from workers.models.prepare import prepare
 from workers.redelivery import reaper, reconnect
 from workers.redelivery.dead_letter import consumer_class
 from workers.redelivery.inflight import InflightLedger
-from workers.redelivery.taken import use_recording_qos
+from workers.redelivery.taken import recording_consumer
 from workers.running import group, tasks
 from workers.running.cancel_watch import CancelWatcher
 
@@ -211,13 +211,14 @@ class Worker:
             dead_letters=letters,
             inflight=InflightLedger(client, self.worker_id),
         )
-        # The Redis transport writes each taken message's record with its unacked write; the
-        # ledger's thread still removes them, and records them on any other broker.
-        if connection.is_redis_broker(self.app.conf.broker_url):
-            use_recording_qos(self.app, self.runtime.inflight.record)
         tasks.register(self.app, self.runtime, show_text=cfg.flower.show_text)
         group.register(self.app, self.runtime)
-        self.app.conf.worker_consumer = consumer_class(letters)  # undecodable messages are kept, not dropped
+        consumer = consumer_class(letters)  # undecodable messages are kept, not dropped
+        if connection.is_redis_broker(self.app.conf.broker_url):
+            # The Redis transport writes each taken message's record with its unacked write; the
+            # ledger's thread still removes them, and records them on any other broker.
+            consumer = recording_consumer(consumer, self.runtime.inflight.record)
+        self.app.conf.worker_consumer = consumer
         reconnect.install(self.app, self.redis, self.runtime.inflight)
 
     def start_heartbeat(self) -> None:

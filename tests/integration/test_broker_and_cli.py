@@ -103,6 +103,19 @@ def test_ib_submit_and_workers_against_a_live_worker(redis_url, pytorch_worker):
     assert "Paris" in out.stdout and "pytorch" in out.stdout and "TTFT" in out.stdout
 
 
+def test_a_live_worker_answers_the_remote_control_reads_flower_shows(client, pytorch_worker):
+    """Flower's worker and broker views are `celery inspect` replies, sent as JSON: a worker
+    whose connection carried something JSON cannot encode (a QoS class in its transport
+    options, once) answers none of stats, and Flower shows no queue of its."""
+    inspect = client.app.control.inspect(timeout=5)
+    for method in ("stats", "active_queues", "conf"):
+        replies = getattr(inspect, method)() or {}
+        mine = [reply for node, reply in replies.items() if node.startswith(f"{pytorch_worker.worker_id}@")]
+        assert mine and mine[0], f"{method}: no reply from {pytorch_worker.worker_id} ({sorted(replies)})"
+    queues = {q["name"] for node, qs in inspect.active_queues().items() for q in qs if pytorch_worker.worker_id in node}
+    assert any(q.endswith(f".{pytorch_worker.worker_id}") for q in queues)  # its own queue, for the broker view
+
+
 def test_ib_broker_stops_its_server_on_sigterm(tmp_path):
     import signal
     import socket

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,9 +18,9 @@ from conftest import own_database
 from core import transport as broker_transport
 from core.celery_app import GROUP_HEADER, create_app
 from core.store import keys
-from core.transport import Channel
+from core.transport import Channel, consume_with
 from workers.redelivery.inflight import InflightLedger
-from workers.redelivery.taken import recording_qos, taken_recorded
+from workers.redelivery.taken import RecordingQoS, recording_consumer, recording_qos, taken_recorded
 
 pytestmark = pytest.mark.integration
 
@@ -161,14 +163,37 @@ def test_the_fleets_app_uses_it_for_redis_and_still_names_the_broker_by_its_sche
     assert create_app("amqp://guest:guest@127.0.0.1:5672//").connection().as_uri().startswith("amqp://")
 
 
+def test_the_workers_consumer_takes_messages_with_its_recording_qos_on_every_connection(url):
+    """What the worker wires (workers.worker): its consumer's connection, and the one it
+    makes again after a broker restart, records taken messages; no other connection of
+    the process does, and nothing of it is in the transport options (sent as JSON by
+    `celery inspect stats`)."""
+    from celery.worker.consumer import Consumer
+
+    app = create_app(url)
+    ledger = InflightLedger(redis.Redis.from_url(url), "w7")
+    controller = types.SimpleNamespace(use_eventloop=False)  # what Celery's worker is to its consumer, here
+    consumer = recording_consumer(Consumer, ledger.record)(lambda *_: None, app=app, controller=controller)
+    try:
+        for _ in range(2):  # a first connection, and a reconnection
+            with consumer.connection_for_read() as conn:
+                qos = conn.default_channel.qos
+                assert isinstance(qos, RecordingQoS) and qos.recorder == ledger.record
+                json.dumps(conn.info())  # what `celery inspect stats` sends of it
+        with app.connection_for_write() as other:
+            assert not isinstance(other.default_channel.qos, RecordingQoS)
+    finally:
+        ledger.close()
+
+
 @contextlib.contextmanager
 def recording(url: str, worker_id: str, queue_name: str) -> Iterator[tuple[redis.Redis, InflightLedger, Any]]:
     """A kombu queue on the fleet's transport whose taken messages a worker's ledger records."""
     r = redis.Redis.from_url(url)
     broker_transport.install()
     ledger = InflightLedger(r, worker_id)
-    try:  # the worker's QoS, handed to its channels as the worker does (transport options)
-        with Connection(url, transport_options={"QoS": recording_qos(ledger.record)}) as conn:
+    try:  # the worker's QoS, handed to the connection it consumes on as the worker's consumer does
+        with consume_with(Connection(url), recording_qos(ledger.record)) as conn:
             queue = conn.SimpleQueue(queue_name)
             yield r, ledger, queue
             queue.close()

@@ -6,8 +6,9 @@ The write that makes a taken message recoverable (kombu's unacked index and hash
 also says which worker holds it (workers.redelivery.inflight), in the same round trip,
 before Celery sees the message, instead of a thread of its own woken for it (~0.1 ms of
 the hand-over to the task's thread on 2 cores: that thread took the idle CPU the task's
-thread needed). The worker hands this QoS to its channels through its app's broker
-transport options (``QoS``, core.transport.Channel): nothing in module state.
+thread needed). The worker's consumer hands this QoS to the connection it consumes on
+(``recording_consumer``, core.transport.consume_with), each time it connects: nothing in
+module state, and only the consuming connection records.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from celery.worker.consumer import Consumer
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
 from core.celery_app import group_members
+from core.transport import consume_with
 
 TakenRecorder = Callable[[Any, str, str, list[str] | None], None]
 """Adds its writes for one taken message to a redis-py pipeline: (pipeline, task id,
@@ -96,6 +99,13 @@ def recording_qos(recorder: TakenRecorder | None) -> type[RecordingQoS]:
     return type("RecordingQoS", (RecordingQoS,), {"recorder": staticmethod(recorder) if recorder else None})
 
 
-def use_recording_qos(app: Any, recorder: TakenRecorder | None) -> None:
-    """Give the channels of ``app``'s connections made from now on this worker's QoS."""
-    app.conf.broker_transport_options = {**app.conf.broker_transport_options, "QoS": recording_qos(recorder)}
+def recording_consumer(base: type[Consumer], recorder: TakenRecorder | None) -> type[Consumer]:
+    """Celery's consumer (``base``), whose connection to consume on (made again after a
+    broker restart) takes each message with a RecordingQoS for ``recorder``."""
+    qos = recording_qos(recorder)
+
+    class RecordingConsumer(base):  # type: ignore[valid-type,misc]
+        def connection_for_read(self, heartbeat: float | None = None) -> Any:
+            return self.ensure_connected(consume_with(self.app.connection_for_read(heartbeat=heartbeat), qos))
+
+    return RecordingConsumer
