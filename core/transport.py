@@ -80,10 +80,8 @@ def install(transport: type[Transport] = Transport) -> None:
     caches a name's class at its first use: that entry is dropped, so connections made
     from now on get this class. ``rediss://`` keeps kombu's transport (kombu infers TLS
     from that scheme's name); Sentinel, socket URLs and RabbitMQ are untouched."""
-    current = TRANSPORT_ALIASES.get("redis")
-    if isinstance(current, str) and current.startswith(("core.", "dispatcher.")):
-        installed = symbol_by_name(current)
-        if isinstance(installed, type) and issubclass(installed, transport):
-            return
+    installed = symbol_by_name(TRANSPORT_ALIASES["redis"])
+    if isinstance(installed, type) and issubclass(installed, transport):
+        return
     TRANSPORT_ALIASES["redis"] = f"{transport.__module__}:{transport.__qualname__}"
     _transport_cache.pop("redis", None)

@@ -166,20 +166,13 @@ def _profile_choice(c: Choosing, choice: str, profile: ProfileBook | None) -> st
     """The measured alternative to the tree: of the live backends, those whose TTFT p50
     (measured on their workers' kind of hardware) meets the latency target; of those, the
     highest saturated throughput. The path says where and why it differs from the tree."""
-    job, model, fleet, policy, runnable, path = c.job, c.model, c.fleet, c.policy, c.runnable, c.path
     if profile is None:
-        path.append(
-            PathStep(
-                check="profile",
-                answer=choice,
-                detail="no measured profile (run `ib bench profiles`): the tree's choice",
-            )
-        )
+        c.step("profile", choice, "no measured profile (run `ib bench profiles`): the tree's choice")
         return choice
-    target, _ = latency_target(job, policy)
+    target, _ = latency_target(c.job, c.policy)
     measured = []
-    for backend in runnable:
-        live = fleet.live(backend=backend, model=model.name)
+    for backend in c.runnable:
+        live = c.fleet.live(backend=backend, model=c.model.name)
         kind = "gpu" if any(w.hardware.kind == "gpu" for w in live) else "cpu"
         row = profile.get(backend, kind) if live else None
         if row is not None:
@@ -190,23 +183,17 @@ def _profile_choice(c: Choosing, choice: str, profile: ProfileBook | None) -> st
         or "none measured and live"
     )
     if not meeting:
-        path.append(
-            PathStep(
-                check="profile",
-                answer=choice,
-                detail=f"no live backend's measured TTFT p50 meets {target:g} ms ({seen}): the tree's choice",
-            )
+        c.step(
+            "profile", choice, f"no live backend's measured TTFT p50 meets {target:g} ms ({seen}): the tree's choice"
         )
         return choice
     best = meeting[0]
     verdict = "agrees with the tree" if best.backend == choice else f"differs from the tree ({choice})"
-    path.append(
-        PathStep(
-            check="profile",
-            answer=best.backend,
-            detail=f"{verdict}: highest measured throughput with TTFT p50 ≤ {target:g} ms on "
-            f"{best.hardware_kind} ({seen}; measured {best.measured_at})",
-        )
+    c.step(
+        "profile",
+        best.backend,
+        f"{verdict}: highest measured throughput with TTFT p50 ≤ {target:g} ms on "
+        f"{best.hardware_kind} ({seen}; measured {best.measured_at})",
     )
     return best.backend
 
@@ -214,44 +201,28 @@ def _profile_choice(c: Choosing, choice: str, profile: ProfileBook | None) -> st
 def _apply_liveness(c: Choosing, choice: str) -> str:
     """The choice if it has a live worker for the model; otherwise the policy's answer:
     refuse, fall back to a live alternative, or queue for a worker yet to start."""
-    job, model, fleet, policy, runnable, path = c.job, c.model, c.fleet, c.policy, c.runnable, c.path
-    live = fleet.live(backend=choice, model=model.name)
+    name, fleet = c.model.name, c.fleet
+    live = fleet.live(backend=choice, model=name)
     if live:
-        path.append(PathStep(check="live workers", answer=str(len(live)), detail=f"{choice} serving {model.name}"))
+        c.step("live workers", str(len(live)), f"{choice} serving {name}")
         return choice
-    sick = fleet.unhealthy(choice, model.name)
+    sick = fleet.unhealthy(choice, name)
     if sick:  # said before the policy acts, so `ib explain` shows why the backend looks empty
         why = "; ".join(f"{w.worker_id}: {', '.join(w.health.reasons)}" for w in sick)
-        path.append(
-            PathStep(check="unhealthy workers", answer=str(len(sick)), detail=f"{choice} not counted live: {why}")
-        )
-    rule = policy.no_worker_policy
+        c.step("unhealthy workers", str(len(sick)), f"{choice} not counted live: {why}")
+    rule = c.policy.no_worker_policy
     if rule == "reject":
-        serving = sorted({w.backend for w in fleet.live(model=model.name)})
+        serving = sorted({w.backend for w in fleet.live(model=name)})
         raise NoLiveWorkerError(
-            f"no live {choice} worker serves {model.name} (live backends for it: {', '.join(serving) or 'none'})",
+            f"no live {choice} worker serves {name} (live backends for it: {', '.join(serving) or 'none'})",
             {"backend": choice, "live_backends": serving},
         )
-    if rule == "fallback" and job.backend is None:
-        for alt in policy.fallback_order.get(choice, []):
-            if alt in runnable and fleet.live(backend=alt, model=model.name):
-                path.append(
-                    PathStep(
-                        check="live workers",
-                        answer=f"fallback {alt}",
-                        detail=f"no live {choice} worker for {model.name}",
-                    )
-                )
+    if rule == "fallback" and c.job.backend is None:
+        for alt in c.policy.fallback_order.get(choice, []):
+            if alt in c.runnable and fleet.live(backend=alt, model=name):
+                c.step("live workers", f"fallback {alt}", f"no live {choice} worker for {name}")
                 return alt
-        path.append(
-            PathStep(
-                check="live workers",
-                answer="none",
-                detail=f"no live worker can serve {model.name}; queued for {choice}",
-            )
-        )
+        c.step("live workers", "none", f"no live worker can serve {name}; queued for {choice}")
         return choice
-    path.append(
-        PathStep(check="live workers", answer="none", detail=f"policy {rule}: queued until a {choice} worker starts")
-    )
+    c.step("live workers", "none", f"policy {rule}: queued until a {choice} worker starts")
     return choice

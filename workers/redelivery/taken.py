@@ -93,13 +93,12 @@ class RecordingQoS(kombu_redis.QoS):
         return None
 
 
-def recording_qos(recorder: TakenRecorder | None) -> type[RecordingQoS]:
-    """The QoS class for a worker whose taken messages ``recorder`` writes down (None:
-    only the prefetch counted in jobs)."""
-    return type("RecordingQoS", (RecordingQoS,), {"recorder": staticmethod(recorder) if recorder else None})
+def recording_qos(recorder: TakenRecorder) -> type[RecordingQoS]:
+    """The QoS class for a worker whose taken messages ``recorder`` writes down."""
+    return type("RecordingQoS", (RecordingQoS,), {"recorder": staticmethod(recorder)})
 
 
-def recording_consumer(base: type[Consumer], recorder: TakenRecorder | None) -> type[Consumer]:
+def recording_consumer(base: type[Consumer], recorder: TakenRecorder) -> type[Consumer]:
     """Celery's consumer (``base``), whose connection to consume on (made again after a
     broker restart) takes each message with a RecordingQoS for ``recorder``."""
     qos = recording_qos(recorder)
