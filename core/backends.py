@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core import settings
 from core.errors import UnknownBackendError
+from core.jobs import FEATURES
 
 if TYPE_CHECKING:
     from core.registry import ModelSpec
@@ -51,6 +52,13 @@ class BackendSpec(BaseModel):
     format: str | None = None
 
     ROUTING_FIELDS: ClassVar[frozenset[str]] = frozenset({"display_name", "formats", "gpu", "speculative_unsupported"})
+    # The request features (core.jobs.SamplingParams.features) its engine serves: a job
+    # that needs one it lacks is routed elsewhere or refused naming it, never run without.
+    SERVES: ClassVar[frozenset[str]] = frozenset()
+
+    def lacks(self, features: set[str]) -> list[str]:
+        """Of ``features``, those this backend does not serve (sorted, for messages)."""
+        return sorted(features - self.SERVES)
 
     @property
     def sequences(self) -> int:
@@ -92,6 +100,7 @@ class OnnxSpec(BatchingSpec):
 
 
 class VllmSpec(BackendSpec):
+    SERVES = frozenset(FEATURES)  # vLLM's own SamplingParams and structured outputs
     max_num_seqs: int = Field(ge=1)  # sequences in the engine at once = the worker's Celery concurrency
     prefix_caching: bool
     gpu_memory_utilization: float = Field(gt=0, le=1)  # GPU: share of device memory for weights + KV cache
@@ -106,6 +115,9 @@ class VllmSpec(BackendSpec):
 
 
 class TgiSpec(BackendSpec):
+    # Passed through as OpenAI's own fields, which any OpenAI-compatible server reads;
+    # vLLM's extensions are not sent to a server that may not know them.
+    SERVES = frozenset({"presence_penalty", "frequency_penalty", "logit_bias", "json_object", "json_schema"})
     prefix_caching: bool
     max_concurrent: int = Field(ge=1)  # requests in flight against the server (the worker's concurrency)
     request_timeout_s: float = Field(gt=0)
@@ -121,6 +133,7 @@ class TgiSpec(BackendSpec):
 
 
 class LlamaCppSpec(BackendSpec):
+    SERVES = frozenset(FEATURES)  # llama.cpp's samplers, xgrammar's token masks, logprobs from the logits
     max_seqs: int = Field(ge=1)  # jobs decoding together
     kv_cache_tokens: int = Field(ge=1)  # one KV pool shared by them
     prefill_chunk: int = Field(ge=1)  # prompt tokens one sequence adds per step

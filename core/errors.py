@@ -47,6 +47,12 @@ class JobValidationError(JobError, ValueError):
         return cls(f"invalid job: {text}", {"errors": problems})
 
 
+class UnsupportedParameterError(JobValidationError):
+    """A request field the fleet does not serve at all (no backend could): refused by name."""
+
+    code = "unsupported_parameter"
+
+
 class UnknownModelError(JobError, LookupError):
     code = "unknown_model"
 
@@ -103,6 +109,7 @@ ERROR_TYPES: dict[str, type[JobError]] = {
     for cls in (
         JobError,
         JobValidationError,
+        UnsupportedParameterError,
         UnknownModelError,
         UnknownBackendError,
         UnknownJobError,

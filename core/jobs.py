@@ -32,15 +32,56 @@ class ChatMessage(BaseModel):
     content: str
 
 
+SEED_MAX = 2**63 - 1  # what every engine's generator takes (torch, vLLM); above it is a 400, not a 500
+LOGPROBS_MAX = 20  # OpenAI's top_logprobs limit
+
+
+class StructuredOutput(BaseModel):
+    """What the answer must match, enforced token by token by a grammar engine (xgrammar on
+    the fleet's own samplers, the engine's own structured outputs on vLLM): any JSON
+    object, JSON matching a schema, a regular expression, or one of a list of strings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["json_object", "json_schema", "regex", "choice"]
+    json_schema: dict[str, Any] | None = None
+    regex: str | None = Field(default=None, min_length=1)
+    choice: list[str] | None = Field(default=None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _one_value_for_its_kind(self) -> StructuredOutput:
+        given = {k for k in ("json_schema", "regex", "choice") if getattr(self, k) is not None}
+        wanted = set() if self.kind == "json_object" else {self.kind}
+        if given != wanted:
+            raise ValueError(f"a {self.kind} structured output takes {' '.join(wanted) or 'no value'}, got {given}")
+        return self
+
+
 class SamplingParams(BaseModel):
-    """OpenAI-style sampling. temperature 0 means greedy."""
+    """OpenAI-style sampling, with vLLM's extensions. temperature 0 means greedy.
+
+    Each field that changes the logits beyond temperature and top_p is a *feature* a
+    backend serves or not (``features()``): the dispatcher routes on them and refuses a
+    job no backend can serve, naming the field, instead of dropping it.
+    """
 
     model_config = ConfigDict(extra="forbid")
     max_tokens: int = Field(default=128, ge=1, le=32768)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, max_length=8)
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    logit_bias: dict[int, float] = Field(default_factory=dict, max_length=300)
+    top_k: int | None = Field(default=None, ge=1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    structured: StructuredOutput | None = None
+    # The chosen token's logprob and this many alternatives per generated token (None: none).
+    logprobs: int | None = Field(default=None, ge=0, le=LOGPROBS_MAX)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -54,9 +95,68 @@ class SamplingParams(BaseModel):
             raise ValueError("stop strings must not be empty")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_in_range(cls, value: dict[int, float]) -> dict[int, float]:
+        if any(t < 0 for t in value):
+            raise ValueError("logit_bias keys are token ids (non-negative integers)")
+        if any(not -100.0 <= b <= 100.0 for b in value.values()):
+            raise ValueError("logit_bias values must lie between -100 and 100")
+        return value
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> SamplingParams:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})")
+        return self
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def features(self) -> set[str]:
+        """The fields of this job that a backend must serve (named as in the request)."""
+        used = {
+            "presence_penalty": self.presence_penalty != 0.0,
+            "frequency_penalty": self.frequency_penalty != 0.0,
+            "repetition_penalty": self.repetition_penalty != 1.0,
+            "logit_bias": bool(self.logit_bias),
+            "top_k": self.top_k is not None,
+            "min_p": self.min_p > 0.0,
+            "min_tokens": self.min_tokens > 0,
+            "ignore_eos": self.ignore_eos,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "logprobs": self.logprobs is not None,
+        }
+        found = {name for name, on in used.items() if on}
+        if self.structured is not None:
+            found.add(self.structured.kind)
+        return found
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether the next token depends on more than the logits, temperature and top_p
+        (a grammar, penalties, biases, a floor on EOS): such jobs leave fast paths that
+        assume it does not (the llama.cpp batch argmax, speculation)."""
+        return bool(self.features() - {"include_stop_str_in_output", "logprobs"})
+
+
+FEATURES: tuple[str, ...] = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "top_k",
+    "min_p",
+    "min_tokens",
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "logprobs",
+    "json_object",
+    "json_schema",
+    "regex",
+    "choice",
+)
 
 
 class SLO(BaseModel):
@@ -158,6 +258,20 @@ class Selection(BaseModel):
     affinity_worker: str | None = None
 
 
+class TopLogprob(BaseModel):
+    """One candidate token at a position, as OpenAI reports it (its text and its bytes)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's logprob, with the ``logprobs`` most likely alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
 FinishReason = Literal["stop", "length", "cancelled"]
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
 
@@ -180,6 +294,7 @@ class JobResult(BaseModel):
     batch_line: int | None = None
     # method, target forward passes, tokens accepted beyond one per pass (None: not speculative)
     speculative: dict[str, Any] | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when the job asked
 
     @property
     def tokens_per_s(self) -> float:

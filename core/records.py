@@ -40,6 +40,30 @@ def finish_reason(result: JobResult) -> str:
     return "stop" if result.finish_reason == "cancelled" else result.finish_reason
 
 
+def chat_logprobs(result: JobResult) -> dict[str, Any] | None:
+    """A chat choice's ``logprobs``: one entry per generated token, as OpenAI's."""
+    if result.logprobs is None:
+        return None
+    return {"content": [t.model_dump() for t in result.logprobs], "refusal": None}
+
+
+def completion_logprobs(result: JobResult) -> dict[str, Any] | None:
+    """A text completion choice's ``logprobs``: OpenAI's legacy shape (parallel lists, the
+    alternatives as token → logprob, each token's character offset in the text)."""
+    if result.logprobs is None:
+        return None
+    offsets, at = [], 0
+    for t in result.logprobs:
+        offsets.append(at)
+        at += len(t.token)
+    return {
+        "tokens": [t.token for t in result.logprobs],
+        "token_logprobs": [t.logprob for t in result.logprobs],
+        "top_logprobs": [{a.token: a.logprob for a in t.top_logprobs} for t in result.logprobs],
+        "text_offset": offsets,
+    }
+
+
 def response_body(result: JobResult, url: str, created: int | None = None) -> dict[str, Any]:
     """A JobResult as the body of an OpenAI chat completion or text completion."""
     finish = finish_reason(result)
@@ -54,12 +78,14 @@ def response_body(result: JobResult, url: str, created: int | None = None) -> di
         return {
             **common,
             "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(result), "finish_reason": finish}],
         }
     return {
         **common,
         "object": "text_completion",
-        "choices": [{"index": 0, "text": result.text, "finish_reason": finish}],
+        "choices": [
+            {"index": 0, "text": result.text, "logprobs": completion_logprobs(result), "finish_reason": finish}
+        ],
     }
 
 

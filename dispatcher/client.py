@@ -19,6 +19,7 @@ from typing import Any
 from core.errors import JobCancelledError, JobError, JobTimeoutError, UnknownBackendError
 from core.fleet import FleetView
 from core.jobs import BACKENDS, GenerationJob, JobResult, PathStep, Selection, parse_job, result_of
+from core.openai_bodies import CHAT_URL, DEFAULT_MAX_TOKENS, parse_request
 from core.registry import ModelRegistry
 from core.store.streams import read_stream
 from dispatcher.batch.api import Batches
@@ -116,6 +117,14 @@ class Client:
 
     def submit(self, job: GenerationJob | dict[str, Any] | None = None, **fields: Any) -> JobHandle:
         return self.submit_many([self._parse(job, fields)])[0]
+
+    def create(self, body: dict[str, Any], url: str = CHAT_URL, max_tokens: int = DEFAULT_MAX_TOKENS) -> JobHandle:
+        """Submit an OpenAI chat (or, with ``url="/v1/completions"``, text) completion body,
+        read exactly as ``ib serve`` and a batch line read it: OpenAI's defaults
+        (temperature 1), vLLM's extensions, the same refusals (JobValidationError naming
+        the field). ``max_tokens``: what a body that names none gets.
+        ``core.records.response_body(handle.result(), url)`` is the OpenAI response."""
+        return self.submit(parse_request(url, body).to_job(max_tokens))
 
     def submit_many(self, jobs: Iterable[GenerationJob | dict[str, Any]]) -> list[JobHandle]:
         """Validate and decide every job first (one fleet view); enqueue only if all pass.

@@ -16,6 +16,7 @@ from core.errors import JobError
 # A fleet error code → (HTTP status, OpenAI error type).
 JOB_ERROR_STATUS: dict[str, tuple[int, str]] = {
     "validation_error": (400, "invalid_request_error"),
+    "unsupported_parameter": (400, "invalid_request_error"),
     "unknown_backend": (400, "invalid_request_error"),
     "unsupported_by_backend": (400, "invalid_request_error"),
     "context_overflow": (400, "invalid_request_error"),

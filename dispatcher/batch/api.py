@@ -93,7 +93,9 @@ class Batches:
             "latency_target_ms": self.cfg.default_latency_target_ms,
             "throughput_target_tok_s": self.cfg.default_throughput_target_tok_s,
         }
-        defaults = {"model": model, "priority": priority, "batch_id": batch_id, "slo": slo}
+        # A line that names no max_tokens gets what a gateway request gets.
+        max_tokens = settings.fleet_config().gateway.default_max_tokens
+        defaults = {"model": model, "priority": priority, "batch_id": batch_id, "slo": slo, "max_tokens": max_tokens}
         self._stage(BatchInput(batch_id, lines, defaults, endpoint, purge_at, progress))
         return self.retrieve(batch_id)
 

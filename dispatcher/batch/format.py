@@ -2,7 +2,9 @@
 
 Input lines are OpenAI Batch requests (``{"custom_id", "method": "POST", "url":
 "/v1/chat/completions" | "/v1/completions", "body": {...}}``) or, for convenience, plain
-``{"custom_id", "prompt" | "messages", ...}`` lines. Validation is per line: a bad line
+``{"custom_id", "prompt" | "messages", ...}`` lines. A body is read by
+core.openai_bodies, as the gateway reads it: the same fields, defaults and refusals (a
+line is never streamed; its answer goes to the output file). Validation is per line: a bad line
 becomes an error record naming the line and the reason, and the others run. What comes
 out (a line's output or error record) is core.records.
 """
@@ -13,18 +15,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from core.errors import UnknownModelError
-from core.jobs import GenerationJob
+from core.errors import JobValidationError, UnknownModelError, UnsupportedParameterError
+from core.jobs import GenerationJob, Priority
+from core.openai_bodies import DEFAULT_MAX_TOKENS, parse_request
 from core.records import CHAT_URL, COMPLETIONS_URL, line_job_id
 from core.registry import ModelRegistry
 from dispatcher.batch.input import LineProblem
-
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "stop", "seed")
-# OpenAI body fields that change nothing here and are accepted silently.
-IGNORED_FIELDS = {"n", "stream", "user", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,7 @@ def parse_line(
         data = _object(line_no, text, isinstance(raw, bytes))
         custom_id = _custom_id(line_no, data, seen)
         url, body = _request(line_no, custom_id, data, endpoint)
-        job = _job(line_no, custom_id, body, registry, defaults)
+        job = _job(line_no, (custom_id, url, body), registry, defaults)
         return ParsedLine(line_no, custom_id, url, job, _payload(line_no, custom_id, job))
     except _Refused as refused:
         return refused.error
@@ -119,7 +117,8 @@ def _custom_id(line_no: int, data: dict[str, Any], seen: set[str]) -> str:
 
 
 def _request(line_no: int, custom_id: str, data: dict[str, Any], endpoint: str | None) -> tuple[str, dict[str, Any]]:
-    """(url, body): the OpenAI Batch shape, or the plain one; only known fields."""
+    """(url, body): the OpenAI Batch shape, or the plain one (the body's fields beside the
+    custom_id); the body itself is read by core.openai_bodies, as the gateway reads it."""
 
     def refuse(code: str, message: str) -> _Refused:
         return _Refused(LineError(line_no, custom_id, code, f"line {line_no}{message}"))
@@ -140,38 +139,30 @@ def _request(line_no: int, custom_id: str, data: dict[str, Any], endpoint: str |
         raise refuse("invalid_url", f": url {url} differs from the batch's endpoint {endpoint}")
     if (url == CHAT_URL) != ("messages" in body):
         raise refuse("invalid_request", f": {url} needs {'messages' if url == CHAT_URL else 'prompt'!r}")
-    unknown = set(body) - {"model", "messages", "prompt", *SAMPLING_FIELDS, *IGNORED_FIELDS}
-    if unknown:
-        raise refuse("invalid_request", f": unknown field(s) {', '.join(sorted(unknown))}")
     return url, body
 
 
 def _job(
-    line_no: int, custom_id: str, body: dict[str, Any], registry: ModelRegistry, defaults: dict[str, Any]
+    line_no: int, parsed: tuple[str, str, dict[str, Any]], registry: ModelRegistry, defaults: dict[str, Any]
 ) -> GenerationJob:
-    """The line's job, its model registered."""
+    """The line's job, its model registered. ``parsed``: (custom_id, url, body)."""
+    custom_id, url, body = parsed
     model = body.get("model") or defaults.get("model")
     if not model:
         message = f"line {line_no}: no model (set one per line or --model)"
         raise _Refused(LineError(line_no, custom_id, "invalid_request", message))
     try:
         registry.get(model)
-        return GenerationJob(
-            model=model,
-            messages=body.get("messages"),
-            prompt=body.get("prompt"),
-            sampling={k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None},
-            custom_id=custom_id,
-            **batch_ids(defaults.get("batch_id"), line_no),
-            **{k: v for k, v in defaults.items() if k != "model"},
-        )
+        request = parse_request(url, {**body, "model": model})
+        fields = {"custom_id": custom_id, "stream": False, **batch_ids(defaults.get("batch_id"), line_no)}
+        fields.update({k: defaults[k] for k in ("batch_id", "slo") if defaults.get(k) is not None})
+        priority = Priority(defaults.get("priority") or Priority.batch)
+        return request.to_job(defaults.get("max_tokens") or DEFAULT_MAX_TOKENS, priority, **fields)
     except UnknownModelError as exc:
         raise _Refused(LineError(line_no, custom_id, "model_not_found", f"line {line_no}: {exc.message}")) from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = f"line {line_no}: {where}: {first['msg']}"
-        raise _Refused(LineError(line_no, custom_id, "invalid_request", message)) from None
+    except JobValidationError as exc:
+        code = "unsupported_parameter" if isinstance(exc, UnsupportedParameterError) else "invalid_request"
+        raise _Refused(LineError(line_no, custom_id, code, f"line {line_no}: {exc.message}")) from None
 
 
 def _payload(line_no: int, custom_id: str, job: GenerationJob) -> str:

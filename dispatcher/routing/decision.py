@@ -62,6 +62,7 @@ def decide(
     c = Choosing(job, model, fleet, policy, backends, model.runnable_on({b: backends[b] for b in BACKENDS}))
     _formats_steps(c)
     tree_choice, choice = _overridden(c) if job.backend is not None else _tree_choice(c)
+    choice = _features_choice(c, choice)
     if job.backend is None and policy.policy == "profile":
         choice = _profile_choice(c, choice, profile)
     choice = _apply_liveness(c, choice)
@@ -133,6 +134,44 @@ def _tree_choice(c: Choosing) -> tuple[str, str]:
         )
     c.step("format constraint", alternatives[0], why)
     return tree_choice, alternatives[0]
+
+
+def serving(backends: dict[str, BackendSpec], features: set[str]) -> list[str]:
+    """The backends that serve all of ``features``."""
+    return [b for b in BACKENDS if not backends[b].lacks(features)]
+
+
+def _features_choice(c: Choosing, choice: str) -> str:
+    """The choice if it serves every feature the job needs (json_schema, logprobs, ...);
+    else the first fallback that does and can run the model. The backends left to the
+    later steps (profile, liveness) are those that serve them."""
+    needed = c.job.sampling.features()
+    if not needed:
+        return choice
+    able = serving(c.backends, needed)
+    c.runnable = {b: f for b, f in c.runnable.items() if b in able}
+    missing = c.backends[choice].lacks(needed)
+    wanted = ", ".join(sorted(needed))
+    if not missing:
+        c.step("features", choice, f"needs {wanted}: served")
+        return choice
+    why = f"{choice} does not serve {', '.join(missing)}; backends that serve {wanted}: {', '.join(able) or 'none'}"
+    alternatives = [] if c.job.backend is not None else list(c.runnable)
+    fallbacks = c.policy.fallback_order.get(choice, [])
+    alternatives.sort(key=lambda b: fallbacks.index(b) if b in fallbacks else len(fallbacks))
+    if not alternatives:
+        runs = f"; of them, none can run {c.model.name}" if able and c.job.backend is None else ""
+        raise UnsupportedByBackendError(
+            f"{why}{runs}",
+            {
+                "backend": choice,
+                "unsupported": missing,
+                "serving": able,
+                "errors": [{"field": missing[0], "message": why}],
+            },
+        )
+    c.step("features", alternatives[0], f"needs {wanted} → {why}")
+    return alternatives[0]
 
 
 def _speculative(job: GenerationJob, backend: BackendSpec, path: list[PathStep]) -> SpeculativeConfig | None:

@@ -14,10 +14,10 @@ import anyio
 from fastapi import APIRouter, Depends, Request
 from pydantic import Field
 
+from core.openai_bodies import Strict, validate
 from core.records import CHAT_URL, COMPLETIONS_URL
 from dispatcher.batch.objects import Batch
 from gateway.auth import authenticate
-from gateway.bodies import Strict, parse
 from gateway.errors import APIError
 from gateway.limits import read_json
 from gateway.result_files import error_file_id, output_file_id, owned_batch
@@ -72,7 +72,7 @@ def batch_object(batch: Batch) -> dict[str, Any]:
 @router.post("/v1/batches")
 async def create(request: Request, tenant: str = Depends(authenticate)) -> dict[str, Any]:
     fleet = fleet_of(request)
-    req = parse(BatchCreate, await read_json(request))
+    req = validate(BatchCreate, await read_json(request))
     if req.endpoint not in (CHAT_URL, COMPLETIONS_URL):
         raise APIError(
             400, f"endpoint must be {CHAT_URL} or {COMPLETIONS_URL}, not {req.endpoint}", "invalid_endpoint", "endpoint"

@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``, plain and streamed.
 
-A request becomes one fleet job (gateway.bodies), submitted through the client (the tree,
+A request becomes one fleet job (core.openai_bodies, as a batch line does), submitted through the client (the tree,
 prefix affinity and priorities all apply), then answered from the job record or, with
 ``stream: true``, from the job's token stream as server-sent events. A client that hangs up
 cancels its job; one that waits past ``gateway.request_timeout_s`` gets a 504 and its job is
@@ -20,14 +20,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from core.errors import JobError
-from core.jobs import JobResult, result_of
+from core.errors import JobError, UnsupportedParameterError
+from core.jobs import GenerationJob, JobResult, result_of
+from core.openai_bodies import Request as OpenAIRequest
+from core.openai_bodies import parse_request
 from core.records import CHAT_URL, COMPLETIONS_URL, response_body
 from core.store.jobstore import wait_async
 from core.store.streams import StreamRestartedError, read_stream_async
 from dispatcher.client import JobHandle
 from gateway.auth import authenticate
-from gateway.bodies import ChatCompletionRequest, CompletionRequest, Generation, parse
 from gateway.errors import APIError
 from gateway.limits import read_json
 from gateway.state import Fleet, fleet_of
@@ -38,14 +39,12 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, tenant: str = Depends(authenticate)) -> Response:
-    req = parse(ChatCompletionRequest, await read_json(request))
-    return await answer(request, tenant, req, req.to_job(fleet_of(request).cfg.default_max_tokens), CHAT_URL)
+    return await answer(request, tenant, CHAT_URL)
 
 
 @router.post("/v1/completions")
 async def completions(request: Request, tenant: str = Depends(authenticate)) -> Response:
-    req = parse(CompletionRequest, await read_json(request))
-    return await answer(request, tenant, req, req.to_job(fleet_of(request).cfg.default_max_tokens), COMPLETIONS_URL)
+    return await answer(request, tenant, COMPLETIONS_URL)
 
 
 def decision_headers(handle: JobHandle) -> dict[str, str]:
@@ -64,20 +63,32 @@ class QueueFull(APIError):
         super().__init__(429, message, "queue_full", headers={"Retry-After": str(retry_after_s)})
 
 
-def submit_within_quota(fleet: Fleet, tenant: str, job: dict[str, Any]) -> JobHandle:
+def submit_within_quota(fleet: Fleet, tenant: str, job: GenerationJob) -> JobHandle:
     """Take a slot of the key's queue limit, then submit; one thread hop for both."""
-    if not fleet.quota.acquire(tenant, job["id"]):
+    if not fleet.quota.acquire(tenant, job.id):
         raise QueueFull(fleet.cfg.max_inflight_per_key, fleet.cfg.retry_after_s)
     try:
         return fleet.client.submit(job)
     except BaseException:
-        fleet.quota.release(tenant, job["id"])
+        fleet.quota.release(tenant, job.id)
         raise
 
 
-async def answer(request: Request, tenant: str, req: Generation, job: dict[str, Any], url: str) -> Response:
+def request_job(body: dict[str, Any], url: str, default_max_tokens: int) -> tuple[OpenAIRequest, GenerationJob]:
+    """The body read as every door reads it (a 400 naming the field if it is refused)."""
+    req = parse_request(url, body)
+    job = req.to_job(default_max_tokens, id=uuid.uuid4().hex)
+    if req.stream and job.sampling.logprobs is not None:
+        raise UnsupportedParameterError(
+            "logprobs are not streamed yet: ask without stream, or without logprobs",
+            {"errors": [{"field": "logprobs", "message": "not served with stream: true"}]},
+        )
+    return req, job
+
+
+async def answer(request: Request, tenant: str, url: str) -> Response:
     fleet = fleet_of(request)
-    job["id"] = uuid.uuid4().hex
+    req, job = request_job(await read_json(request), url, fleet.cfg.default_max_tokens)
     handle = await anyio.to_thread.run_sync(submit_within_quota, fleet, tenant, job)
     if req.stream:
         chunks = Chunks(url, handle.id, req.model, req.include_usage)

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from core.backends import BackendSpec, SpeculativeConfig
-from core.errors import JobTimeoutError
+from core.errors import JobTimeoutError, UnsupportedByBackendError
 from core.jobs import GenerationJob, check_context
 from core.registry import ModelSpec
-from workers.engines.decoding import first_stop
+from workers.engines.decoding import stop_cut
 from workers.engines.request import CancelSource, EngineOutput, EngineRequest, never_cancelled
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,9 @@ class Engine(ABC, Generic[SpecT]):
     eos_ids: list[int] = []
 
     def deliver(self, r: EngineRequest) -> None:
-        """Complete a request with its text: EOS dropped, cut before the first stop string."""
+        """Complete a request with its text: EOS dropped, cut at the first stop string."""
         text = self.decode([t for t in r.tokens if t not in self.eos_ids])
-        cut = first_stop(text, r.sampling.stop)
+        cut = stop_cut(text, r.sampling)
         text = text if cut is None else text[:cut]
         if r.on_text is not None and len(text) > r.streamed:
             r.on_text(text[r.streamed :])  # what streaming held back
@@ -125,6 +125,7 @@ class Engine(ABC, Generic[SpecT]):
                 finished_at=time.time(),
                 cached_tokens=r.cached_tokens,
                 speculative=None if r.speculative is None else speculative_counts(r, r.speculative.method),
+                logprobs=r.logprobs,
             )
         )
 
@@ -145,6 +146,8 @@ class Engine(ABC, Generic[SpecT]):
         job did not opt out (and asked, unless the config is on by default), greedy."""
         cfg = self.config.speculative
         if cfg is None or not self.supports_speculative or job.speculative is False or not job.sampling.greedy:
+            return None
+        if job.sampling.shapes_logits:  # a grammar or penalty would have to follow every draft
             return None
         return cfg if (job.speculative or cfg.by_default) else None
 
@@ -171,6 +174,11 @@ class Engine(ABC, Generic[SpecT]):
     def request_for(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
         """The job as the scheduler's request: its prompt encoded and checked against the
         window (JobError if it does not fit)."""
+        missing = self.config.lacks(job.sampling.features())
+        if missing:  # the dispatcher routes around this; a job sent here by hand is refused
+            raise UnsupportedByBackendError(
+                f"{self.backend} does not serve {', '.join(missing)}", {"backend": self.backend, "unsupported": missing}
+            )
         prompt_ids = self.encode(job)
         self.check_context(job, prompt_ids)
         return EngineRequest(

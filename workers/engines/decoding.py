@@ -12,6 +12,7 @@ import time
 from collections.abc import Hashable
 from typing import Protocol
 
+from core.jobs import SamplingParams
 from workers.engines.request import EngineRequest
 
 
@@ -31,6 +32,16 @@ def first_stop(text: str, stops: list[str]) -> int | None:
     """Where the earliest stop string starts in ``text``, if any appeared."""
     hits = [i for i in (text.find(s) for s in stops) if i >= 0]
     return min(hits) if hits else None
+
+
+def stop_cut(text: str, s: SamplingParams) -> int | None:
+    """Where the answer ends if a stop string appeared: before the earliest one, or after
+    it with ``include_stop_str_in_output``."""
+    hits = [(i, len(stop)) for stop in s.stop if (i := text.find(stop)) >= 0]
+    if not hits:
+        return None
+    at, size = min(hits)
+    return at + size if s.include_stop_str_in_output else at
 
 
 def batch_key(request: EngineRequest) -> Hashable:
@@ -71,7 +82,7 @@ def stream_text(engine: Decoder, req: EngineRequest, text: str | None = None) ->
         text = engine.decode([t for t in req.tokens if t not in engine.eos_ids])
     text = text.rstrip("\ufffd")
     stops = req.sampling.stop
-    cut = first_stop(text, stops)
+    cut = stop_cut(text, req.sampling)
     if cut is not None:
         text = text[:cut]
     elif stops:

@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.backends import SpeculativeConfig
 from core.errors import EngineError
-from core.jobs import SamplingParams
+from core.jobs import SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from workers.engines.shaping import Logprobs, Shaper
 
 CancelSource = Callable[[list[str]], set[str]]
 
@@ -31,6 +34,7 @@ class EngineOutput:
     cached_tokens: int = 0  # prompt tokens served from a prefix cache
     completion_tokens: int | None = None  # when the engine has no token ids (a remote server's usage)
     speculative: dict[str, Any] | None = None  # method, target passes, accepted tokens
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when the job asked
 
 
 @dataclass(eq=False)
@@ -51,6 +55,9 @@ class EngineRequest:
     speculative: SpeculativeConfig | None = None  # the engine's speculative config, if it applies to this job
     target_passes: int = 0  # speculative: forward passes of the target model
     drafted_tokens: int | None = None  # speculative: tokens proposed, where the engine knows it
+    shaper: Shaper | None = None  # logit_bias, an EOS floor, a grammar (engines that run their own sampler)
+    logprob_reader: Logprobs | None = None  # reads each position's logprobs (the job asked for them)
+    logprobs: list[TokenLogprob] | None = None
 
 
 def fail_requests(requests: list[EngineRequest], exc: BaseException) -> None:

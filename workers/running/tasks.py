@@ -184,6 +184,7 @@ def build_result(
         custom_id=job.custom_id,
         batch_line=job.batch_line,
         speculative=out.speculative,
+        logprobs=out.logprobs,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,11 @@ from core.backends import LlamaCppSpec
 from core.errors import EngineError
 from core.jobs import GenerationJob
 from workers.engines.base import Engine, ModelArtifactError
+from workers.engines.grammar import Grammars
 from workers.engines.llamacpp.scheduler import ContextShape, Scheduler
 from workers.engines.prefix_cache import PrefixStateCache
 from workers.engines.request import EngineRequest
+from workers.engines.shaping import Logprobs, check_bias, shaper_for
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
         self.eos_ids = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)]
         self.chat = self._chat_formatter()
         self._pieces: dict[int, bytes] = {}
+        self._grammars: Grammars | None = None
 
         params = llama_cpp.llama_context_params.from_buffer_copy(self.llm.context_params)
         params.n_seq_max = self.max_seqs
@@ -181,6 +185,32 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
     def _piece(self, token: int) -> bytes:
         piece = self._pieces[token] = self.llm.detokenize([token])
         return piece
+
+    @property
+    def grammars(self) -> Grammars:
+        """The grammar compiler for this vocabulary, made at the first structured job."""
+        if self._grammars is None:
+            is_control = llama_cpp.llama_vocab_is_control
+            vocab = [b"" if is_control(self.vocab, t) else self.piece(t) for t in range(self.n_vocab)]
+            self._grammars = Grammars(vocab, self.eos_ids)
+        return self._grammars
+
+    def request_for(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
+        """The scheduler's request, with what the job does to its logits (compiled here,
+        on the task thread: the scheduler thread only applies it)."""
+        r = super().request_for(job, on_text)
+        s = job.sampling
+        check_bias(s, self.n_vocab)
+        guide = self.grammars.guide(s.structured) if s.structured is not None else None
+        r.shaper = shaper_for(s, self.eos_ids, guide)
+        if s.logprobs is not None:
+            r.logprob_reader, r.logprobs = Logprobs(s.logprobs, self.piece), []
+        return r
+
+    def piece(self, token: int) -> bytes:
+        """One token's bytes (cached)."""
+        pieces = self._pieces
+        return pieces[token] if token in pieces else self._piece(token)
 
     def submit(self, request: EngineRequest) -> None:
         self.scheduler.submit(request)

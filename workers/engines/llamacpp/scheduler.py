@@ -150,7 +150,7 @@ class Scheduler:
         sequence = Sequence(
             seq_id=seq_id,
             request=r,
-            sampler=make_sampler(r.sampling),
+            sampler=make_sampler(r.sampling, self.n_vocab),
             pending=prompt[n_past:],
             n_past=n_past,
             save_prefix=self.prefix_cache.wants(prompt),
@@ -176,11 +176,29 @@ class Scheduler:
         return i
 
     def _pick(self, s: Sequence, idx: int) -> int:
-        """The token a sequence picks from the logits at batch index ``idx``. Greedy picks
-        come from one numpy argmax over all the step's logits rows: llama.cpp's greedy
-        sampler copies the whole vocabulary into a candidate array on every call (~0.09 ms
-        a token here, 8 calls in a step of 8 sequences). Ties go to the lowest token id,
-        as in llama.cpp's greedy sampler."""
+        """The token a sequence picks from the logits at batch index ``idx``, and its
+        logprobs if the job asked. A job that shapes its logits (a grammar, logit_bias,
+        an EOS floor) changes its own row first (workers.engines.shaping)."""
+        r = s.request
+        if r.shaper is None and r.logprob_reader is None:
+            return self._plain_pick(s, idx)
+        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
+        logprobs = r.logprob_reader.read(row) if r.logprob_reader is not None else None
+        if r.shaper is not None:
+            r.shaper.shape(row, len(r.tokens))
+            tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx) if s.sampler else int(row.argmax())
+            r.shaper.accept(tok)
+        else:
+            tok = self._plain_pick(s, idx)
+        if logprobs is not None and r.logprob_reader is not None and r.logprobs is not None:
+            r.logprobs.append(r.logprob_reader.entry(logprobs, tok))
+        return tok
+
+    def _plain_pick(self, s: Sequence, idx: int) -> int:
+        """Greedy picks come from one numpy argmax over all the step's logits rows:
+        llama.cpp's greedy sampler copies the whole vocabulary into a candidate array on
+        every call (~0.09 ms a token here, 8 calls in a step of 8 sequences). Ties go to
+        the lowest token id, as in llama.cpp's greedy sampler."""
         if s.sampler is not None:  # a sampling job (make_sampler gives greedy ones none)
             return llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx)
         if self._argmax is None:

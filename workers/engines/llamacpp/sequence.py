@@ -25,18 +25,41 @@ class Sequence:
         return bool(self.pending)
 
 
-def make_sampler(s: SamplingParams) -> Any:
-    """A llama.cpp sampler chain for a sampling job: temperature -> top-p -> draw (the
-    order transformers applies them), seeded when the job gives a seed. None for a greedy
-    job: the scheduler takes its picks from one argmax over the step (Scheduler._pick)."""
-    if s.greedy:
+def penalized(s: SamplingParams) -> bool:
+    return s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+
+
+def make_sampler(s: SamplingParams, n_vocab: int) -> Any:
+    """A llama.cpp sampler chain: penalties (over the generated tokens, as vLLM's presence
+    and frequency penalties count them) -> temperature -> top-k -> top-p -> min-p -> draw
+    (vLLM's order), seeded when the job gives a seed; a greedy job with penalties ends in
+    llama.cpp's greedy pick instead. None for a greedy job without penalties: the
+    scheduler takes its picks from one argmax over the step (Scheduler._pick)."""
+    if s.greedy and not penalized(s):
         return None
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(s.temperature))
+
+    def add(sampler: Any) -> None:
+        llama_cpp.llama_sampler_chain_add(chain, sampler)
+
+    if penalized(s):  # the window: every token the job may generate
+        add(
+            llama_cpp.llama_sampler_init_penalties(
+                n_vocab, s.max_tokens, s.repetition_penalty, s.frequency_penalty, s.presence_penalty
+            )
+        )
+    if s.greedy:
+        add(llama_cpp.llama_sampler_init_greedy())
+        return chain
+    add(llama_cpp.llama_sampler_init_temp(s.temperature))
+    if s.top_k is not None:
+        add(llama_cpp.llama_sampler_init_top_k(s.top_k))
     if s.top_p < 1.0:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(s.top_p, 1))
-    seed = s.seed if s.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED
-    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
+        add(llama_cpp.llama_sampler_init_top_p(s.top_p, 1))
+    if s.min_p > 0.0:
+        add(llama_cpp.llama_sampler_init_min_p(s.min_p, 1))
+    seed = s.seed % 2**32 if s.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED  # llama.cpp's seed is 32-bit
+    add(llama_cpp.llama_sampler_init_dist(seed))
     return chain
 
 

@@ -1,0 +1,311 @@
+"""OpenAI request bodies → fleet jobs: the one reading of a chat or completions body.
+
+The gateway (``POST /v1/chat/completions``, ``/v1/completions``), each line of a batch
+file (``ib batch submit``, ``/v1/batches``) and the Python client (``Client.create``) all
+read a body here, so a body means the same on every door: the same accepted fields, the
+same defaults (OpenAI's: temperature 1 and top_p 1 unless given) and the same refusals.
+A field is either served or refused naming it (UnsupportedParameterError: a 400 on the
+gateway, an error record in a batch); nothing is dropped silently. Whether a *backend*
+serves a field is the dispatcher's question (core.jobs.SamplingParams.features).
+
+vLLM's extensions are read as vLLM's server reads them (``top_k``, ``min_p``,
+``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``include_stop_str_in_output``,
+``structured_outputs: {json | regex | choice}``), and so are the fleet's routing knobs
+(``latency_target_ms``, ``throughput_target_tok_s``, ``backend``, ``priority``,
+``speculative``); with the OpenAI SDK they travel in ``extra_body``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from core.errors import JobValidationError, UnsupportedParameterError
+from core.jobs import GenerationJob, Priority, StructuredOutput
+from core.records import CHAT_URL, COMPLETIONS_URL
+
+# What a body that names no max_tokens gets where the door has no setting of its own (the
+# gateway and batches pass fleet.yaml's gateway.default_max_tokens, the same number).
+DEFAULT_MAX_TOKENS = 512
+COMPLETION_LOGPROBS_MAX = 5  # OpenAI's limit for /v1/completions' logprobs
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None  # accepted; the fleet's chat templates have no speaker names
+
+    def as_fleet(self) -> dict[str, str]:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class JsonSchema(Strict):
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # the schema is always enforced, strict or not
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given with type json_schema, and only then")
+        return self
+
+    def structured(self) -> StructuredOutput | None:
+        if self.type == "json_object":
+            return StructuredOutput(kind="json_object")
+        if self.type == "json_schema" and self.json_schema is not None:
+            return StructuredOutput(kind="json_schema", json_schema=self.json_schema.schema_)
+        return None
+
+
+class StructuredOutputs(Strict):
+    """vLLM's extension: one of a JSON schema, a regular expression, a list of choices."""
+
+    json_: dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        if len(self._given()) != 1:
+            raise ValueError("give exactly one of json, regex or choice")
+        return self
+
+    def _given(self) -> dict[str, Any]:
+        values = (("json_schema", self.json_), ("regex", self.regex), ("choice", self.choice))
+        return {k: v for k, v in values if v is not None}
+
+    def structured(self) -> StructuredOutput:
+        ((kind, value),) = self._given().items()
+        return StructuredOutput(kind=kind, **{kind: value})  # type: ignore[arg-type]
+
+
+class Generation(Strict):
+    """What chat and text completions share: sampling, streaming, the extensions."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    # vLLM's sampling extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # the fleet's routing extensions
+    latency_target_ms: float | None = Field(default=None, gt=0)
+    throughput_target_tok_s: float | None = Field(default=None, ge=0)
+    backend: str | None = None
+    priority: Priority | None = None
+    speculative: bool | None = None
+
+    @model_validator(mode="after")
+    def _options_need_stream(self) -> Generation:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    # ------------------------------------------------------------ to a job
+
+    def sampling(self, default_max_tokens: int) -> dict[str, Any]:
+        """The job's sampling: OpenAI's defaults for what the body leaves out."""
+        sampling: dict[str, Any] = {
+            "max_tokens": self.max_tokens or default_max_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+        }
+        given = self.model_dump(
+            include={
+                "stop",
+                "seed",
+                "presence_penalty",
+                "frequency_penalty",
+                "logit_bias",
+                "min_p",
+                "repetition_penalty",
+                "min_tokens",
+                "ignore_eos",
+                "include_stop_str_in_output",
+            },
+            exclude_none=True,
+        )
+        if self.top_k is not None and self.top_k > 0:  # vLLM's -1 (and 0) mean "all tokens"
+            given["top_k"] = self.top_k
+        structured = self.structured()
+        if structured is not None:
+            given["structured"] = structured
+        return {**sampling, **given}
+
+    def structured(self) -> StructuredOutput | None:
+        return self.structured_outputs.structured() if self.structured_outputs is not None else None
+
+    def routing(self, default_priority: Priority) -> dict[str, Any]:
+        job: dict[str, Any] = {"priority": (self.priority or default_priority).value}
+        if self.latency_target_ms is not None or self.throughput_target_tok_s is not None:
+            job["slo"] = {
+                "latency_target_ms": self.latency_target_ms,
+                "throughput_target_tok_s": self.throughput_target_tok_s,
+            }
+        for key in ("backend", "speculative"):
+            if getattr(self, key) is not None:
+                job[key] = getattr(self, key)
+        return job
+
+    def prompt_fields(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_job(
+        self, default_max_tokens: int, default_priority: Priority = Priority.interactive, **fields: Any
+    ) -> GenerationJob:
+        """The body as a validated job. ``fields`` are set by the door (id, batch ids,
+        stream) and fill in what the body leaves out (``slo``)."""
+        if self.n is not None and self.n > 1:
+            raise UnsupportedParameterError(
+                f"Unsupported parameter: 'n' above 1 is not served yet (got {self.n}); send {self.n} requests",
+                {"errors": [{"field": "n", "message": "only 1 is served"}]},
+            )
+        job = {"model": self.model, "stream": self.stream, **self.routing(default_priority), **self.prompt_fields()}
+        job["sampling"] = self.sampling(default_max_tokens)
+        for key, value in fields.items():
+            if key == "slo" and "slo" in job:
+                continue  # the body's own targets win over the door's defaults
+            job[key] = value
+        try:
+            return GenerationJob.model_validate(job)
+        except ValidationError as exc:
+            raise request_error(exc, strip=("sampling", "structured")) from None
+
+
+class ChatCompletionRequest(Generation):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)
+    response_format: ResponseFormat | None = None
+    parallel_tool_calls: bool | None = None  # meaningless without tools, which are refused
+    store: Literal[False] | None = None
+
+    @model_validator(mode="after")
+    def _one_structure(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if self.response_format is not None and self.response_format.type != "text" and self.structured_outputs:
+            raise ValueError("give response_format or structured_outputs, not both")
+        return self
+
+    def sampling(self, default_max_tokens: int) -> dict[str, Any]:
+        sampling = super().sampling(default_max_tokens)
+        if self.max_completion_tokens is not None:
+            sampling["max_tokens"] = self.max_completion_tokens
+        if self.logprobs:
+            sampling["logprobs"] = self.top_logprobs or 0
+        return sampling
+
+    def structured(self) -> StructuredOutput | None:
+        if self.response_format is not None and self.response_format.type != "text":
+            return self.response_format.structured()
+        return super().structured()
+
+    def prompt_fields(self) -> dict[str, Any]:
+        return {"messages": [m.as_fleet() for m in self.messages]}
+
+
+class CompletionRequest(Generation):
+    prompt: str | list[str]
+    echo: Literal[False] | None = None
+    best_of: Literal[1] | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=COMPLETION_LOGPROBS_MAX)
+    suffix: None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise ValueError("one prompt per request (send a batch for many)")
+        return self
+
+    def sampling(self, default_max_tokens: int) -> dict[str, Any]:
+        sampling = super().sampling(default_max_tokens)
+        if self.logprobs is not None:
+            sampling["logprobs"] = self.logprobs
+        return sampling
+
+    def prompt_fields(self) -> dict[str, Any]:
+        return {"prompt": self.prompt if isinstance(self.prompt, str) else self.prompt[0]}
+
+
+Request = ChatCompletionRequest | CompletionRequest
+REQUEST_TYPES: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+    CHAT_URL: ChatCompletionRequest,
+    COMPLETIONS_URL: CompletionRequest,
+}
+
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def validate(model: type[T], body: dict[str, Any]) -> T:
+    """Any OpenAI body (a batch's create, a file's) by the same rule: the first problem
+    raises a typed error naming its field, an unknown field is unsupported."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise request_error(exc) from None
+
+
+def parse_request(url: str, body: dict[str, Any]) -> Request:
+    """A body for ``url`` (chat or completions), validated; the first problem raises a
+    typed error naming its field."""
+    if url not in REQUEST_TYPES:
+        raise JobValidationError(f"url: only {CHAT_URL} and {COMPLETIONS_URL} are served (got {url})")
+    return validate(REQUEST_TYPES[url], body)
+
+
+def request_error(exc: ValidationError, strip: tuple[str, ...] = ()) -> JobValidationError:
+    """pydantic's first error as the fleet's, its field named as the body names it."""
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"] if str(p) not in strip]
+    param = ".".join(loc) or None
+    problems = [{"field": param or "(request)", "message": err["msg"]}]
+    if err["type"] == "extra_forbidden":
+        return UnsupportedParameterError(
+            f"Unsupported parameter: '{param}' is not served by this fleet (docs/gateway.md)", {"errors": problems}
+        )
+    return JobValidationError(f"{param or 'request'}: {err['msg']}", {"errors": problems})

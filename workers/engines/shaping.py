@@ -1,0 +1,89 @@
+"""What a job does to its logits row before its next token is picked, and the logprobs it
+reads off the row: for engines whose sampler the fleet runs (llama.cpp's scheduler).
+
+In order: ``logit_bias`` is added; end-of-sequence tokens are barred while the job is
+below ``min_tokens`` or asked to ``ignore_eos`` (as llama-server does: a -inf bias on
+every end-of-generation token), unless its grammar admits nothing else; then the grammar
+masks what it does not admit. Penalties and top_k/min_p are llama.cpp's own samplers
+(llama.cpp's sequence.make_sampler). Logprobs are the model's own distribution, read
+before any of this (vLLM's default, ``raw_logprobs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from core.errors import JobValidationError
+from core.jobs import SamplingParams, TokenLogprob, TopLogprob
+from workers.engines.grammar import Guide
+
+
+def check_bias(s: SamplingParams, n_vocab: int) -> None:
+    """A logit_bias key outside the vocabulary is the request's mistake, said as such."""
+    outside = [t for t in s.logit_bias if t >= n_vocab]
+    if outside:
+        raise JobValidationError(
+            f"logit_bias: token id {outside[0]} is not in this model's vocabulary ({n_vocab} tokens)",
+            {"errors": [{"field": "logit_bias", "message": "token id out of range"}]},
+        )
+
+
+class Shaper:
+    """One job's changes to its logits rows."""
+
+    def __init__(self, s: SamplingParams, eos_ids: list[int], guide: Guide | None) -> None:
+        self.guide = guide
+        self.eos = np.asarray(eos_ids, dtype=np.int64)
+        self.bias_ids = np.asarray(list(s.logit_bias), dtype=np.int64)
+        self.bias = np.asarray(list(s.logit_bias.values()), dtype=np.float32)
+        self.min_tokens, self.ignore_eos = s.min_tokens, s.ignore_eos
+
+    def shape(self, row: np.ndarray, generated: int) -> None:
+        if self.bias_ids.size:
+            row[self.bias_ids] += self.bias
+        grammar_done = self.guide is not None and self.guide.completed
+        if (self.ignore_eos or generated < self.min_tokens) and not grammar_done and self.eos.size:
+            row[self.eos] = -np.inf
+        if self.guide is not None:
+            self.guide.mask(row)
+
+    def accept(self, token: int) -> None:
+        if self.guide is not None:
+            self.guide.accept(token)
+
+
+def shaper_for(s: SamplingParams, eos_ids: list[int], guide: Guide | None) -> Shaper | None:
+    """A Shaper if the job changes its rows at all (most jobs do not)."""
+    if guide is None and not s.logit_bias and not s.min_tokens and not s.ignore_eos:
+        return None
+    return Shaper(s, eos_ids, guide)
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    shifted = row.astype(np.float64) - float(np.max(row))
+    return shifted - np.log(np.sum(np.exp(shifted)))
+
+
+class Logprobs:
+    """The logprob of the token taken and of the ``k`` likeliest at one position."""
+
+    def __init__(self, k: int, piece: Callable[[int], bytes]) -> None:
+        self.k, self.piece = k, piece
+
+    def read(self, row: np.ndarray) -> np.ndarray:
+        return log_softmax(row)
+
+    def entry(self, logprobs: np.ndarray, token: int) -> TokenLogprob:
+        top: list[TopLogprob] = []
+        if self.k:
+            ids = np.argpartition(-logprobs, self.k - 1)[: self.k]
+            ids = ids[np.argsort(-logprobs[ids], kind="stable")]
+            top = [self._top(int(t), float(logprobs[t])) for t in ids]
+        chosen = self._top(token, float(logprobs[token]))
+        return TokenLogprob(**chosen.model_dump(), top_logprobs=top)
+
+    def _top(self, token: int, logprob: float) -> TopLogprob:
+        raw = self.piece(token)
+        return TopLogprob(token=raw.decode("utf-8", errors="replace"), logprob=logprob, bytes=list(raw))
