@@ -28,8 +28,27 @@ class Priority(str, Enum):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]  # tool: a function's result, as the template renders it
     content: str
+
+
+class ToolCalling(BaseModel):
+    """How a job's answer becomes tool calls (core.tool_calls reads it back): ``named``,
+    the answer is that function's arguments; ``required``, a list of ``{name,
+    parameters}``; ``auto``, the model's own choice, which needs a chat template that
+    renders tools. The first two are enforced by the job's structured output."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mode: Literal["named", "required", "auto"]
+    name: str | None = None  # named: the function
+
+
+class ToolCall(BaseModel):
+    """One call of a function the request offered, as the answer made it."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
 
 
 SEED_MAX = 2**63 - 1  # what every engine's generator takes (torch, vLLM); above it is a 400, not a 500
@@ -186,6 +205,7 @@ class GenerationJob(BaseModel):
     stream: bool = False  # publish text deltas as they are generated (JobHandle.stream())
     # Speculative decoding: None = the backend's default, False = never (opt out), True = wanted.
     speculative: bool | None = None
+    tool_calling: ToolCalling | None = None  # the answer is read back as tool calls
     submitted_at: float = Field(default_factory=time.time)
 
     @model_validator(mode="after")
@@ -295,6 +315,7 @@ class JobResult(BaseModel):
     # method, target forward passes, tokens accepted beyond one per pass (None: not speculative)
     speculative: dict[str, Any] | None = None
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when the job asked
+    tool_calls: list[ToolCall] | None = None  # the answer read as the job's tool calls (then text is their JSON)
 
     @property
     def tokens_per_s(self) -> float:

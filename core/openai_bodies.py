@@ -17,13 +17,15 @@ vLLM's extensions are read as vLLM's server reads them (``top_k``, ``min_p``,
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.errors import JobValidationError, UnsupportedParameterError
-from core.jobs import GenerationJob, Priority, StructuredOutput
+from core.jobs import GenerationJob, Priority, StructuredOutput, ToolCalling
 from core.records import CHAT_URL, COMPLETIONS_URL
+from core.tool_calls import named_schema, required_schema, tools_system_text
 
 # What a body that names no max_tokens gets where the door has no setting of its own (the
 # gateway and batches pass fleet.yaml's gateway.default_max_tokens, the same number).
@@ -40,14 +42,72 @@ class TextPart(Strict):
     text: str
 
 
+class FunctionName(Strict):
+    name: str
+
+
+class FunctionCall(FunctionName):
+    arguments: str
+
+
+class ToolCallIn(Strict):
+    """A tool call in an assistant message of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None  # accepted; the fleet's chat templates have no speaker names
+    tool_calls: list[ToolCallIn] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this is the result of
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> Message:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message carries tool_calls")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content is required (an assistant message may give tool_calls instead)")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
     def as_fleet(self) -> dict[str, str]:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        """The message as the chat template gets it: an assistant's calls as the JSON it
+        would have answered with (the shape the fleet holds the model to)."""
+        content = self.content or ""
+        text = content if isinstance(content, str) else "".join(p.text for p in content)
+        if self.tool_calls:
+            calls = [{"name": c.function.name, "parameters": _arguments(c.function.arguments)} for c in self.tool_calls]
+            text = (text + "\n" if text else "") + json.dumps(calls, ensure_ascii=False)
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class Function(Strict):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    strict: bool | None = None  # the parameters are always enforced
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class StreamOptions(Strict):
@@ -220,16 +280,46 @@ class ChatCompletionRequest(Generation):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0)
     response_format: ResponseFormat | None = None
-    parallel_tool_calls: bool | None = None  # meaningless without tools, which are refused
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     store: Literal[False] | None = None
 
     @model_validator(mode="after")
     def _one_structure(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        if self.response_format is not None and self.response_format.type != "text" and self.structured_outputs:
-            raise ValueError("give response_format or structured_outputs, not both")
+        shaped = [
+            self.response_format is not None and self.response_format.type != "text",
+            bool(self.structured_outputs),
+        ]
+        if self.calling() is not None:
+            shaped.append(True)
+        if sum(shaped) > 1:
+            raise ValueError("give one of response_format, structured_outputs or a tool call, not several")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in self._functions():
+            raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools")
         return self
+
+    def _functions(self) -> dict[str, Function]:
+        return {t.function.name: t.function for t in self.tools or []}
+
+    def calling(self) -> ToolCalling | None:
+        """How the answer becomes tool calls; None: a plain answer (no tools, or ``none``)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return ToolCalling(mode="named", name=self.tool_choice.function.name)
+        return ToolCalling(mode=self.tool_choice or "auto")
+
+    def _tool_schema(self, calling: ToolCalling) -> dict[str, Any]:
+        functions = self._functions()
+        if calling.mode == "named" and calling.name is not None:
+            return named_schema(functions[calling.name].parameters)
+        offered = [f.model_dump(include={"name", "parameters"}) for f in functions.values()]
+        return required_schema(offered, self.parallel_tool_calls is not False)
 
     def sampling(self, default_max_tokens: int) -> dict[str, Any]:
         sampling = super().sampling(default_max_tokens)
@@ -242,10 +332,27 @@ class ChatCompletionRequest(Generation):
     def structured(self) -> StructuredOutput | None:
         if self.response_format is not None and self.response_format.type != "text":
             return self.response_format.structured()
+        calling = self.calling()
+        if calling is not None and calling.mode != "auto":
+            return StructuredOutput(kind="json_schema", json_schema=self._tool_schema(calling))
         return super().structured()
 
     def prompt_fields(self) -> dict[str, Any]:
-        return {"messages": [m.as_fleet() for m in self.messages]}
+        messages = [m.as_fleet() for m in self.messages]
+        calling = self.calling()
+        fields: dict[str, Any] = {"messages": messages}
+        if calling is None:
+            return fields
+        fields["tool_calling"] = calling
+        offered = self._functions()
+        if calling.mode == "named" and calling.name is not None:
+            offered = {calling.name: offered[calling.name]}
+        text = tools_system_text([f.model_dump(exclude_none=True, exclude={"strict"}) for f in offered.values()])
+        if messages[0]["role"] == "system":
+            messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + text}
+        else:
+            messages.insert(0, {"role": "system", "content": text})
+        return fields
 
 
 class CompletionRequest(Generation):

@@ -36,8 +36,25 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def finish_reason(result: JobResult) -> str:
-    """OpenAI has no ``cancelled``: a cancelled answer simply stopped."""
+    """OpenAI has no ``cancelled``: a cancelled answer simply stopped. An answer read as
+    tool calls finished to call them."""
+    if result.tool_calls:
+        return "tool_calls"
     return "stop" if result.finish_reason == "cancelled" else result.finish_reason
+
+
+def tool_calls_body(result: JobResult) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in result.tool_calls or []
+    ]
+
+
+def chat_message(result: JobResult) -> dict[str, Any]:
+    """The assistant's message: its text, or the tool calls it made."""
+    if result.tool_calls:
+        return {"role": "assistant", "content": None, "tool_calls": tool_calls_body(result)}
+    return {"role": "assistant", "content": result.text}
 
 
 def chat_logprobs(result: JobResult) -> dict[str, Any] | None:
@@ -74,7 +91,7 @@ def response_body(result: JobResult, url: str, created: int | None = None) -> di
         "usage": usage_body(result.usage),
     }
     if url == CHAT_URL:
-        message = {"role": "assistant", "content": result.text}
+        message = chat_message(result)
         return {
             **common,
             "object": "chat.completion",

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from core.jobs import JobResult
-from core.records import CHAT_URL, finish_reason, usage_body
+from core.records import CHAT_URL, finish_reason, tool_calls_body, usage_body
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -26,8 +26,11 @@ DONE = sse("[DONE]")
 class Chunks:
     """The chunks of one streamed answer, shaped as OpenAI's for its endpoint."""
 
-    def __init__(self, url: str, job_id: str, model: str, include_usage: bool) -> None:
+    def __init__(self, url: str, job_id: str, model: str, include_usage: bool, tools: bool = False) -> None:
         self.chat = url == CHAT_URL
+        # An answer read as tool calls sends them whole, in one delta before the last
+        # chunk (the SDKs accumulate deltas either way); its JSON text is not content.
+        self.tools = tools
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{job_id}"
         self.model, self.include_usage, self.created = model, include_usage, int(time.time())
 
@@ -57,10 +60,15 @@ class Chunks:
         return sse(self._chunk([self._choice("", None, first=True)])) if self.chat else None
 
     def delta(self, text: str) -> str:
-        return sse(self._chunk([self._choice(text, None)]))
+        return "" if self.tools else sse(self._chunk([self._choice(text, None)]))
 
     def finish(self, result: JobResult) -> str:
-        out = sse(self._chunk([self._choice(None, finish_reason(result))]))
+        out = ""
+        if self.tools:
+            calls = [{"index": i, **call} for i, call in enumerate(tool_calls_body(result))]
+            delta = {"tool_calls": calls} if calls else {"content": result.text}
+            out += sse(self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]))
+        out += sse(self._chunk([self._choice(None, finish_reason(result))]))
         if self.include_usage:
             out += sse({**self._chunk([]), "usage": usage_body(result.usage)})
         return out + DONE

@@ -59,6 +59,13 @@ def decide(
             "(/v1/completions, or prompt= in the client), not messages",
             {"model": model.name},
         )
+    if job.tool_calling is not None and job.tool_calling.mode == "auto":
+        raise JobValidationError(
+            "tool_choice: 'auto' (the default when tools are given) lets the model decide whether to call, which"
+            f" needs a chat template that renders tools and a parser for the calls it writes; {model.name}'s template"
+            " has none. Send tool_choice 'required' or a named function: the fleet holds the model to those",
+            {"model": model.name, "errors": [{"field": "tool_choice", "message": "auto needs a tool template"}]},
+        )
     c = Choosing(job, model, fleet, policy, backends, model.runnable_on({b: backends[b] for b in BACKENDS}))
     _formats_steps(c)
     tree_choice, choice = _overridden(c) if job.backend is not None else _tree_choice(c)

@@ -91,7 +91,7 @@ async def answer(request: Request, tenant: str, url: str) -> Response:
     req, job = request_job(await read_json(request), url, fleet.cfg.default_max_tokens)
     handle = await anyio.to_thread.run_sync(submit_within_quota, fleet, tenant, job)
     if req.stream:
-        chunks = Chunks(url, handle.id, req.model, req.include_usage)
+        chunks = Chunks(url, handle.id, req.model, req.include_usage, tools=job.tool_calling is not None)
         return StreamingResponse(
             stream_events(fleet, tenant, handle, chunks),
             media_type="text/event-stream",
@@ -139,8 +139,8 @@ async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Ch
             yield first
         try:
             async for delta in read_stream_async(fleet.aredis, handle.id):
-                if delta is not None:
-                    yield chunks.delta(delta)
+                if delta is not None and (chunk := chunks.delta(delta)):
+                    yield chunk
                 elif time.monotonic() > deadline:
                     yield sse(APIError(504, "no end of the answer in time; the job was cancelled", "timeout").body())
                     return

@@ -131,7 +131,7 @@ def test_200_lines_with_10_bad_ones_give_190_outputs_and_10_errors_in_input_orde
         "invalid_request",
         "invalid_url",
         "invalid_request",
-        "invalid_request",
+        "unsupported_parameter",  # tools on /v1/completions
         "invalid_request",
         "invalid_request",
     ]

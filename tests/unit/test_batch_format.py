@@ -70,10 +70,10 @@ def test_a_plain_prompt_line_takes_the_default_model(registry):
         ({"custom_id": "c", "prompt": "x", "model": "gpt-9"}, "model_not_found", "known models: smollm2-135m"),
         ({"custom_id": "c", "prompt": "x", "model": MODEL, "max_tokens": 0}, "invalid_request", "max_tokens"),
         (
-                {"custom_id": "c", "prompt": "x", "model": MODEL, "tools": []},
-                "unsupported_parameter",
-                "Unsupported parameter: 'tools'",
-            ),
+            {"custom_id": "c", "prompt": "x", "model": MODEL, "tools": []},
+            "unsupported_parameter",
+            "Unsupported parameter: 'tools'",
+        ),
         ({"custom_id": "c", "prompt": "x"}, "invalid_request", "no model"),
     ],
 )

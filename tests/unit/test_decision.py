@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.backends import load_backends
-from core.errors import NoLiveWorkerError, UnsupportedByBackendError
+from core.errors import JobValidationError, NoLiveWorkerError, UnsupportedByBackendError
 from core.fleet import FleetView, HardwareInfo, WorkerInfo
 from core.jobs import GenerationJob
 from core.registry import ModelRegistry
@@ -288,3 +288,10 @@ def test_a_feature_no_backend_that_runs_the_model_serves_is_refused_at_submit():
     assert sel.backend == "vllm"  # queued for the one that serves it (policy fallback, none live)
     with pytest.raises(UnsupportedByBackendError, match="onnx does not serve min_p"):
         run(job("all", backend="onnx", sampling={"min_p": 0.2}))
+
+
+def test_tool_choice_auto_is_refused_at_submit_naming_the_models_template():
+    with pytest.raises(JobValidationError) as exc:
+        run(GenerationJob(model="all", messages=[{"role": "user", "content": "hi"}], tool_calling={"mode": "auto"}))
+    assert "tool_choice" in exc.value.message and "all's template" in exc.value.message
+    assert exc.value.details["errors"][0]["field"] == "tool_choice"

@@ -105,6 +105,17 @@ def test_sampling_fields_and_vllms_extensions_become_features_the_router_checks(
     assert completion(logprobs=2).sampling.logprobs == 2
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+
+
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 
@@ -127,7 +138,11 @@ def test_structured_outputs_are_read_from_openais_field_and_vllms(fields, kind):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools.0.function"),
+        ({"tool_choice": "required"}, None),  # without tools
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, None),
+        ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, None),
+        ({"messages": [{"role": "tool", "content": "12 C"}]}, "messages.0"),  # no tool_call_id
         ({"n": 2}, "n"),
         ({"seed": 2**64}, "seed"),
         ({"seed": -1}, "seed"),
@@ -150,7 +165,58 @@ def test_what_the_fleet_does_not_serve_or_cannot_be_is_refused_naming_the_field(
     field = exc.value.details["errors"][0]["field"]
     if param:
         assert field.startswith(param), field
-    assert isinstance(exc.value, UnsupportedParameterError) == (param in ("tools", "n"))
+    assert isinstance(exc.value, UnsupportedParameterError) == (param == "n")
+
+
+def test_a_named_tool_choice_holds_the_answer_to_that_functions_parameters_and_tells_the_model():
+    job = chat(tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert job.tool_calling.mode == "named" and job.tool_calling.name == "get_weather"
+    s = job.sampling.structured
+    assert s.kind == "json_schema" and s.json_schema == WEATHER["function"]["parameters"]
+    assert job.messages[0].role == "system" and '"get_weather"' in job.messages[0].content
+    assert '"add"' not in job.messages[0].content  # only the function it must call
+
+
+def test_required_is_a_list_of_calls_of_the_offered_functions_one_unless_parallel():
+    job = chat(
+        tools=[WEATHER, ADD], tool_choice="required", messages=[{"role": "system", "content": "Be brief."}, *ASK]
+    )
+    schema = job.sampling.structured.json_schema
+    assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
+    names = [c["properties"]["name"]["enum"] for c in schema["items"]["anyOf"]]
+    assert names == [["get_weather"], ["add"]]
+    assert job.messages[0].content.startswith("Be brief.\n\n") and '"add"' in job.messages[0].content
+    single = chat(tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False)
+    assert single.sampling.structured.json_schema["maxItems"] == 1
+
+
+def test_auto_is_left_to_the_router_and_none_leaves_the_tools_out():
+    auto = chat(tools=[WEATHER])  # OpenAI's default with tools
+    assert auto.tool_calling.mode == "auto" and auto.sampling.structured is None
+    none = chat(tools=[WEATHER], tool_choice="none")
+    assert none.tool_calling is None and none.messages[0].content == "Hi"
+
+
+def test_a_tool_round_trip_in_the_history_is_rendered_for_the_template():
+    job = chat(
+        messages=[
+            *ASK,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "12 C"},
+        ]
+    )
+    assert [m.role for m in job.messages] == ["user", "assistant", "tool"]
+    assert job.messages[1].content == '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
 
 
 def test_fields_at_their_harmless_value_are_accepted():

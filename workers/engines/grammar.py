@@ -7,14 +7,19 @@ scheduler thread then only asks the job's matcher for the next token's mask (a f
 microseconds) and tells it the token taken. vLLM runs its own structured outputs (the same
 xgrammar underneath); a remote OpenAI server gets the request's own field.
 
-JSON is generated compact (no free whitespace between tokens): a small model given the
-freedom of JSON's whitespace can spend its whole budget on newlines.
+JSON follows the engine's own reading of a schema where it has one: llama.cpp's
+schema-to-grammar converter (the one llama-server and llama-cpp-python use) gives the
+grammar, xgrammar enforces it, so a greedy answer is the one llama.cpp's own server gives.
+Without one, xgrammar's converter is used with JSON compact (no free whitespace between
+tokens): a small model given the freedom of JSON's whitespace can spend its whole budget
+on newlines.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,14 +29,17 @@ from core.errors import JobValidationError
 from core.jobs import StructuredOutput
 
 CACHE_BYTES = 256 * 2**20  # compiled grammars kept across jobs
+# An engine's own JSON grammar (GBNF): for a schema, or for any object (None).
+JsonGrammar = Callable[[dict[str, Any] | None], str]
 
 
 class Grammars:
     """The compiler for one engine's vocabulary (token id → its bytes; b"" for control
     tokens, which no grammar admits), with its cache of compiled grammars."""
 
-    def __init__(self, vocab: list[bytes], stop_ids: list[int]) -> None:
+    def __init__(self, vocab: list[bytes], stop_ids: list[int], json_grammar: JsonGrammar | None = None) -> None:
         self.n_vocab = len(vocab)
+        self.json_grammar = json_grammar
         info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=len(vocab), stop_token_ids=stop_ids)
         self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True, cache_limit_bytes=CACHE_BYTES)
         self._lock = threading.Lock()  # task threads compile; one at a time keeps the cache simple
@@ -41,7 +49,7 @@ class Grammars:
         try:
             with self._lock:
                 return self._compile(s)
-        except (RuntimeError, ValueError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever a converter raises on a user's schema is the user's error
             field = {"json_schema": "response_format.json_schema", "regex": "structured_outputs.regex"}.get(
                 s.kind, s.kind
             )
@@ -51,6 +59,8 @@ class Grammars:
             ) from None
 
     def _compile(self, s: StructuredOutput) -> Any:
+        if self.json_grammar is not None and s.kind in ("json_object", "json_schema"):
+            return self.compiler.compile_grammar(self.json_grammar(s.json_schema))
         if s.kind == "json_object":  # an object, as OpenAI's JSON mode gives (the builtin grammar admits any value)
             return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
         if s.kind == "json_schema":

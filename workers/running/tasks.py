@@ -20,12 +20,13 @@ from celery.signals import task_postrun, task_received
 
 from core.celery_app import GENERATE_TASK, group_members
 from core.errors import EngineError, InvalidMessageError, JobError
-from core.jobs import GenerationJob, JobResult, Selection, Timings, Usage
+from core.jobs import GenerationJob, JobResult, Selection, Timings, ToolCall, Usage
 from core.records import line_record
 from core.store.dead_letters import DeadLetters
 from core.store.hints import PrefixHints
 from core.store.jobstore import Begin, JobStore
 from core.store.streams import StreamPublisher
+from core.tool_calls import read_calls
 from workers.engines.base import Engine, EngineOutput
 from workers.lifecycle.metrics import WorkerMetrics
 from workers.redelivery.dead_letter import dead_letter_task, parse_arguments
@@ -185,7 +186,15 @@ def build_result(
         batch_line=job.batch_line,
         speculative=out.speculative,
         logprobs=out.logprobs,
+        tool_calls=calls_of(job, out),
     )
+
+
+def calls_of(job: GenerationJob, out: EngineOutput) -> list[ToolCall] | None:
+    """The answer read back as the job's tool calls (None for a job without them)."""
+    if job.tool_calling is None or out.finish_reason != "stop":
+        return None
+    return read_calls(out.text, job.tool_calling, job.id)
 
 
 def record_failure(rt: Runtime, job: GenerationJob, exc: JobError) -> None:

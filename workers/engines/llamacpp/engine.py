@@ -9,6 +9,7 @@ job's greedy output matches what ``Llama.create_chat_completion`` gives for it a
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+from llama_cpp import llama_grammar
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from core.backends import LlamaCppSpec
@@ -41,6 +43,13 @@ def check_gguf_file(path: Path) -> None:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelArtifactError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+
+
+def llama_json_grammar(schema: dict[str, Any] | None) -> str:
+    """llama.cpp's own JSON grammar: its schema converter, or any object (JSON mode)."""
+    if schema is None:
+        return llama_grammar.JSON_GBNF
+    return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
 
 
 class LlamaCppEngine(Engine[LlamaCppSpec]):
@@ -192,7 +201,7 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
         if self._grammars is None:
             is_control = llama_cpp.llama_vocab_is_control
             vocab = [b"" if is_control(self.vocab, t) else self.piece(t) for t in range(self.n_vocab)]
-            self._grammars = Grammars(vocab, self.eos_ids)
+            self._grammars = Grammars(vocab, self.eos_ids, llama_json_grammar)
         return self._grammars
 
     def request_for(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
