@@ -12,7 +12,7 @@ import uuid
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from core.errors import ContextOverflowError, JobError, JobValidationError
 
@@ -123,11 +123,13 @@ class SamplingParams(BaseModel):
             raise ValueError("logit_bias values must lie between -100 and 100")
         return value
 
-    @model_validator(mode="after")
-    def _min_within_max(self) -> SamplingParams:
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})")
-        return self
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_within_max(cls, value: int, info: ValidationInfo) -> int:
+        most = info.data.get("max_tokens")
+        if most is not None and value > most:
+            raise ValueError(f"min_tokens ({value}) exceeds max_tokens ({most})")
+        return value
 
     @property
     def greedy(self) -> bool:

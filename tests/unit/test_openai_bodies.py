@@ -149,7 +149,7 @@ def test_structured_outputs_are_read_from_openais_field_and_vllms(fields, kind):
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"logit_bias": {"42": 101}}, "logit_bias"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
-        ({"min_tokens": 600}, None),  # above max_tokens (512)
+        ({"min_tokens": 600}, "min_tokens"),  # above max_tokens (512)
         ({"top_logprobs": 3}, None),  # without logprobs: true
         ({"logprobs": True, "top_logprobs": 21}, "logprobs"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),

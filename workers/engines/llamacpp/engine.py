@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,11 +46,15 @@ def check_gguf_file(path: Path) -> None:
         raise ModelArtifactError(f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
 
 
+EMPTY_FIRST_ALTERNATIVE = re.compile(r"::=[ \t]*\|")
+
+
 def llama_json_grammar(schema: dict[str, Any] | None) -> str:
-    """llama.cpp's own JSON grammar: its schema converter, or any object (JSON mode)."""
-    if schema is None:
-        return llama_grammar.JSON_GBNF
-    return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    """llama.cpp's own JSON grammar: its schema converter, or any object (JSON mode, the
+    grammar llama-cpp-python uses for it). GBNF's empty first alternative (``ws ::= | " "``)
+    is written as an empty string, which xgrammar's parser needs."""
+    gbnf = llama_grammar.JSON_GBNF if schema is None else llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    return EMPTY_FIRST_ALTERNATIVE.sub('::= "" |', gbnf)
 
 
 class LlamaCppEngine(Engine[LlamaCppSpec]):

@@ -1,0 +1,379 @@
+"""The whole OpenAI request through `ib serve`, driven by the official ``openai`` SDK as a
+user's script drives OpenAI: structured outputs (the SDK's own ``parse`` with a pydantic
+model), tool calls (named and required, plain and streamed, and a round trip of a tool's
+result), logprobs, vLLM's sampling extensions, and a batch of all of these answering
+what the gateway answers, line by line. The worker is a real llama.cpp worker on the
+real GGUF; the grammar is xgrammar's, the JSON grammar llama.cpp's own."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from enum import Enum
+
+import llama_cpp
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from conftest import ARTIFACTS, start_worker
+from core.registry import ModelRegistry
+from ops.local.processes import GatewayProcess
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m"
+KEY = "surface-key"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+
+
+class Color(str, Enum):
+    red = "red"
+    green = "green"
+    blue = "blue"
+
+
+class Pet(BaseModel):
+    name: str
+    legs: int
+
+
+class Person(BaseModel):
+    """A nested schema: an enum, an array of objects, required fields."""
+
+    name: str
+    age: int
+    favourite: Color
+    pets: list[Pet] = Field(max_length=2)
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_url, tmp_path_factory):
+    worker = start_worker(redis_url, "llamacpp")
+    env = {
+        "IB_API_KEYS": KEY,
+        "IB_API_KEYS_FILE": str(tmp_path_factory.mktemp("keys") / "none"),
+        "IB_GATEWAY_FILES_URL": str(tmp_path_factory.mktemp("files")),
+    }
+    try:
+        with GatewayProcess(redis_url, env=env, log_dir=ARTIFACTS / "logs") as gw:
+            yield gw
+    finally:
+        worker.stop()
+
+
+@pytest.fixture
+def sdk(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0, timeout=180)
+
+
+def ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_the_sdks_parse_with_a_nested_pydantic_model_gives_a_valid_object(sdk):
+    for prompt in ("Describe a person who owns pets.", "Invent a character for a story."):
+        done = sdk.chat.completions.parse(
+            model=MODEL, messages=ask(prompt), response_format=Person, temperature=0, max_tokens=200
+        )
+        person = done.choices[0].message.parsed
+        assert isinstance(person, Person) and len(person.pets) <= 2, done.choices[0].message.content
+        assert done.choices[0].finish_reason == "stop"
+
+
+def test_json_mode_and_a_streamed_json_schema_give_json(sdk):
+    plain = sdk.chat.completions.create(
+        model=MODEL,
+        messages=ask('Reply with a JSON object whose key "greeting" says hello.'),
+        response_format={"type": "json_object"},
+        temperature=0,
+        max_tokens=200,
+    )
+    assert plain.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(plain.choices[0].message.content), dict)
+    schema = {"name": "person", "strict": True, "schema": Person.model_json_schema()}
+    chunks = sdk.chat.completions.create(
+        model=MODEL,
+        messages=ask("A person, please."),
+        response_format={"type": "json_schema", "json_schema": schema},
+        temperature=0,
+        max_tokens=200,
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    Person.model_validate_json(text)
+
+
+def test_vllms_regex_and_choice_extensions_hold_the_answer(sdk):
+    phone = sdk.chat.completions.create(
+        model=MODEL,
+        messages=ask("A phone number?"),
+        max_tokens=20,
+        extra_body={"structured_outputs": {"regex": r"[0-9]{3}-[0-9]{4}"}},
+    )
+    assert len(phone.choices[0].message.content) == 8 and phone.choices[0].message.content[3] == "-"
+    verdict = sdk.chat.completions.create(
+        model=MODEL,
+        messages=ask("Is the sky green?"),
+        max_tokens=10,
+        extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}},
+    )
+    assert verdict.choices[0].message.content in {"yes", "no", "maybe"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_tool_choice_returns_that_functions_call(sdk, stream):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    args = {"model": MODEL, "messages": ask("What is the weather in Paris?"), "tools": [WEATHER, ADD]}
+    answer = sdk.chat.completions.create(**args, tool_choice=choice, temperature=0, max_tokens=60, stream=stream)
+    if stream:
+        calls: dict[int, dict] = {}
+        finish = None
+        for chunk in answer:
+            for delta_call in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+                call = calls.setdefault(delta_call.index, {"name": "", "arguments": ""})
+                call["name"] += delta_call.function.name or ""
+                call["arguments"] += delta_call.function.arguments or ""
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        assert list(calls) == [0] and finish == "tool_calls"
+        name, arguments = calls[0]["name"], calls[0]["arguments"]
+    else:
+        message = answer.choices[0].message
+        assert answer.choices[0].finish_reason == "tool_calls" and message.content is None
+        (call,) = message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        name, arguments = call.function.name, call.function.arguments
+    parsed = json.loads(arguments)
+    assert name == "get_weather" and set(parsed) == {"city", "unit"} and parsed["unit"] in ("celsius", "fahrenheit")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_calls_one_of_the_offered_functions(sdk, stream):
+    answer = sdk.chat.completions.create(
+        model=MODEL,
+        messages=ask("Add 2 and 3."),
+        tools=[WEATHER, ADD],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=80,
+        stream=stream,
+    )
+    if stream:
+        calls = [
+            c for chunk in answer if chunk.choices for c in chunk.choices[0].delta.tool_calls or []
+        ]  # sent whole, in one delta
+        names = [c.function.name for c in calls]
+        arguments = [json.loads(c.function.arguments) for c in calls]
+    else:
+        calls = answer.choices[0].message.tool_calls
+        assert answer.choices[0].finish_reason == "tool_calls"
+        names = [c.function.name for c in calls]
+        arguments = [json.loads(c.function.arguments) for c in calls]
+    assert len(names) == 1 and names[0] in ("add", "get_weather")
+    expected = {"add": {"a", "b"}, "get_weather": {"city", "unit"}}[names[0]]
+    assert set(arguments[0]) == expected
+
+
+def test_a_tool_result_goes_back_in_the_history_and_auto_is_refused_naming_the_template(sdk):
+    first = sdk.chat.completions.create(
+        model=MODEL,
+        messages=ask("Weather in Oslo?"),
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=60,
+    )
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        *ask("Weather in Oslo?"),
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 12, "unit": "celsius"}'},
+    ]
+    second = sdk.chat.completions.create(model=MODEL, messages=history, temperature=0, max_tokens=30)
+    assert second.choices[0].message.content and second.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as exc:
+        sdk.chat.completions.create(model=MODEL, messages=ask("Weather?"), tools=[WEATHER])  # auto, the default
+    assert exc.value.body["param"] == "tool_choice" and "template" in exc.value.message
+
+
+def test_chat_logprobs_are_the_models_distribution_with_the_alternatives_asked_for(sdk):
+    answer = sdk.chat.completions.create(
+        model=MODEL, messages=ask("Name a colour."), temperature=0, max_tokens=8, logprobs=True, top_logprobs=3
+    )
+    content = answer.choices[0].logprobs.content
+    assert len(content) == answer.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        # greedy: the token taken is the likeliest, and the alternatives come best first
+        assert entry.top_logprobs[0].token == entry.token and math.isclose(entry.top_logprobs[0].logprob, entry.logprob)
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+        assert sum(math.exp(t.logprob) for t in entry.top_logprobs) <= 1.0 + 1e-6
+    assert "".join(e.token for e in content).startswith(answer.choices[0].message.content.rstrip())
+
+
+def test_completion_logprobs_come_in_openais_legacy_shape(sdk):
+    answer = sdk.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2
+    )
+    lp = answer.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
+    assert all(len(alternatives) <= 2 for alternatives in lp.top_logprobs)
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+
+
+def test_sampling_extensions_change_what_is_generated(sdk):
+    base = {"model": MODEL, "messages": ask("Say hi."), "temperature": 0}
+    ignore = sdk.chat.completions.create(**base, max_tokens=24, extra_body={"ignore_eos": True})
+    assert ignore.usage.completion_tokens == 24 and ignore.choices[0].finish_reason == "length"
+    short = sdk.chat.completions.create(**base, max_tokens=64)
+    assert short.choices[0].finish_reason == "stop"
+    floor = sdk.chat.completions.create(
+        **base, max_tokens=64, extra_body={"min_tokens": short.usage.completion_tokens + 3}
+    )
+    assert floor.usage.completion_tokens >= short.usage.completion_tokens + 3
+    penalized = sdk.chat.completions.create(
+        **base, max_tokens=24, presence_penalty=2.0, frequency_penalty=2.0, extra_body={"repetition_penalty": 1.5}
+    )
+    assert penalized.choices[0].message.content != short.choices[0].message.content
+    sampled = sdk.chat.completions.create(
+        model=MODEL, messages=ask("Say hi."), max_tokens=8, seed=7, extra_body={"top_k": 5, "min_p": 0.05}
+    )
+    again = sdk.chat.completions.create(
+        model=MODEL, messages=ask("Say hi."), max_tokens=8, seed=7, extra_body={"top_k": 5, "min_p": 0.05}
+    )
+    assert sampled.choices[0].message.content == again.choices[0].message.content  # seeded
+    stop = sdk.chat.completions.create(
+        **base,
+        max_tokens=24,
+        stop=[short.choices[0].message.content[2:4]],
+        extra_body={"include_stop_str_in_output": True},
+    )
+    assert stop.choices[0].message.content.endswith(short.choices[0].message.content[2:4])
+
+
+def test_logit_bias_moves_the_first_token(sdk, gateway):
+    base = {"model": MODEL, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 1}
+    plain = sdk.completions.create(**base, logprobs=1)
+    taken = plain.choices[0].logprobs.tokens[0]
+    # The token's id, through the engine's tokenizer: llama.cpp's own, in-process.
+    path = ModelRegistry.from_config().get(MODEL).artifact_path("gguf")
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, vocab_only=True, verbose=False)
+    (token_id,) = llm.tokenize(taken.encode(), add_bos=False, special=False)
+    moved = sdk.completions.create(**base, logprobs=1, logit_bias={str(token_id): -100})
+    assert moved.choices[0].logprobs.tokens[0] != taken
+    boosted = sdk.completions.create(**{**base, "prompt": "Hello"}, logit_bias={str(token_id): 100})
+    assert boosted.choices[0].text == taken
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"seed": 2**64}, "seed", "less than or equal"),
+        ({"backend": "onnx", "response_format": {"type": "json_object"}}, "json_object", "onnx does not serve"),
+        ({"backend": "onnx", "extra_body": {"min_p": 0.1}}, "min_p", "backends that serve min_p: vllm, llamacpp"),
+        ({"logprobs": True, "stream": True}, "logprobs", "not streamed"),
+        ({"n": 3}, "n", "not served yet"),
+    ],
+)
+def test_what_cannot_be_served_is_a_400_naming_the_field_and_who_serves_it(sdk, extra, param, words):
+    extra = dict(extra)
+    body = extra.pop("extra_body", {})
+    if "backend" in extra:
+        body["backend"] = extra.pop("backend")
+    with pytest.raises(openai.BadRequestError) as exc:
+        sdk.chat.completions.create(model=MODEL, messages=ask("hi"), max_tokens=4, extra_body=body, **extra)
+    assert exc.value.body["param"] == param and words in exc.value.message, exc.value.message
+
+
+def test_a_batch_of_all_of_these_answers_what_the_gateway_answers_line_by_line(sdk, tmp_path):
+    bodies = [
+        {
+            "messages": ask("A person."),
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "p", "schema": Person.model_json_schema()},
+            },
+        },
+        {
+            "messages": ask("Weather in Rome?"),
+            "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+        {
+            "messages": ask("Add 1 and 2."),
+            "tools": [WEATHER, ADD],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+        },
+        {"messages": ask("Name a colour."), "logprobs": True, "top_logprobs": 2},
+        {"messages": ask("Is water wet?"), "structured_outputs": {"choice": ["yes", "no"]}},
+        {"messages": ask("Say hi."), "presence_penalty": 1.0, "min_tokens": 4, "ignore_eos": True},
+    ]
+    bodies = [
+        {"model": MODEL, "temperature": 0, "max_tokens": 200 if i in (0, 2) else 60, **b} for i, b in enumerate(bodies)
+    ]
+    # The same bodies as they are (extra_body: the SDK sends the fields unchanged).
+    direct = [
+        sdk.chat.completions.create(model=MODEL, messages=b["messages"], extra_body=b).model_dump() for b in bodies
+    ]
+    lines = [
+        json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": b})
+        for i, b in enumerate(bodies)
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    upload = sdk.files.create(file=path.open("rb"), purpose="batch")
+    batch = sdk.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 300
+    while (batch := sdk.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired", "cancelled"):
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.5)
+    assert batch.status == "completed" and batch.request_counts.completed == len(bodies), batch
+    records = {r["custom_id"]: r for r in map(json.loads, sdk.files.content(batch.output_file_id).text.splitlines())}
+    # Each line is served as its request is at the gateway: the same fields, read the
+    # same way. Not the same bytes: the lines decode together in one llama.cpp batch,
+    # whose sums round differently from a lone stream's (near ties flip; measured in
+    # test_llamacpp_engine), so what is compared is what each field promises.
+    answers = [records[f"c{i}"]["response"]["body"]["choices"][0] for i in range(len(bodies))]
+    finishes = ["stop", "tool_calls", "tool_calls", "stop", "stop", "length"]
+    assert [a["finish_reason"] for a in answers] == [d["choices"][0]["finish_reason"] for d in direct] == finishes
+    Person.model_validate_json(answers[0]["message"]["content"])
+    (named,) = answers[1]["message"]["tool_calls"]
+    assert named["function"]["name"] == "get_weather" and set(json.loads(named["function"]["arguments"])) == {
+        "city",
+        "unit",
+    }
+    (required,) = answers[2]["message"]["tool_calls"]
+    assert required["function"]["name"] in ("add", "get_weather") and answers[2]["message"]["content"] is None
+    content = answers[3]["logprobs"]["content"]
+    assert content and all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in content)
+    assert answers[4]["message"]["content"] in ("yes", "no")
+    assert records["c5"]["response"]["body"]["usage"]["completion_tokens"] == 60  # ignore_eos: to max_tokens
+    assert direct[5]["usage"]["completion_tokens"] == 60
