@@ -101,6 +101,8 @@ class SamplingParams(BaseModel):
     structured: StructuredOutput | None = None
     # The chosen token's logprob and this many alternatives per generated token (None: none).
     logprobs: int | None = Field(default=None, ge=0, le=LOGPROBS_MAX)
+    # The same for each prompt token after the first (an echo with logprobs: loglikelihood).
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=LOGPROBS_MAX)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -136,7 +138,8 @@ class SamplingParams(BaseModel):
         return self.temperature == 0.0
 
     def features(self) -> set[str]:
-        """The fields of this job that a backend must serve (named as in the request)."""
+        """The fields of this job that a backend must serve (named as in the request);
+        ``echo`` stands for the prompt's logprobs, which only an echo asks for."""
         used = {
             "presence_penalty": self.presence_penalty != 0.0,
             "frequency_penalty": self.frequency_penalty != 0.0,
@@ -148,6 +151,7 @@ class SamplingParams(BaseModel):
             "ignore_eos": self.ignore_eos,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "logprobs": self.logprobs is not None,
+            "echo": self.prompt_logprobs is not None,
         }
         found = {name for name, on in used.items() if on}
         if self.structured is not None:
@@ -159,7 +163,7 @@ class SamplingParams(BaseModel):
         """Whether the next token depends on more than the logits, temperature and top_p
         (a grammar, penalties, biases, a floor on EOS): such jobs leave fast paths that
         assume it does not (the llama.cpp batch argmax, speculation)."""
-        return bool(self.features() - {"include_stop_str_in_output", "logprobs"})
+        return bool(self.features() - {"include_stop_str_in_output", "logprobs", "echo"})
 
 
 FEATURES: tuple[str, ...] = (
@@ -173,6 +177,7 @@ FEATURES: tuple[str, ...] = (
     "ignore_eos",
     "include_stop_str_in_output",
     "logprobs",
+    "echo",
     "json_object",
     "json_schema",
     "regex",
@@ -196,6 +201,8 @@ class GenerationJob(BaseModel):
     model: str = Field(min_length=1)
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    prompt_ids: list[int] | None = Field(default=None, min_length=1)  # a prompt given as token ids (OpenAI allows it)
+    echo: bool = False  # completions: the answer starts with the prompt (and its logprobs, if asked)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     slo: SLO = Field(default_factory=SLO)
     hardware: Literal["gpu", "cpu"] | None = None  # a hint that overrides the live fleet
@@ -212,8 +219,12 @@ class GenerationJob(BaseModel):
 
     @model_validator(mode="after")
     def _prompt_xor_messages(self) -> GenerationJob:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if sum(x is not None for x in (self.prompt, self.messages, self.prompt_ids)) != 1:
+            raise ValueError("give exactly one of 'prompt' or 'messages' (or 'prompt_ids')")
+        if self.echo and self.messages is not None:
+            raise ValueError("echo is served for prompts (/v1/completions), not messages")
+        if self.prompt_ids is not None and min(self.prompt_ids) < 0:
+            raise ValueError("prompt token ids are non-negative integers")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' must not be empty")
         return self
@@ -318,6 +329,8 @@ class JobResult(BaseModel):
     speculative: dict[str, Any] | None = None
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when the job asked
     tool_calls: list[ToolCall] | None = None  # the answer read as the job's tool calls (then text is their JSON)
+    echo_text: str | None = None  # an echo's prompt, which the answer starts with
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None: the first)
 
     @property
     def tokens_per_s(self) -> float:

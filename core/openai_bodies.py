@@ -356,26 +356,36 @@ class ChatCompletionRequest(Generation):
 
 
 class CompletionRequest(Generation):
-    prompt: str | list[str]
-    echo: Literal[False] | None = None
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(union_mode="left_to_right")
+    echo: bool | None = None
     best_of: Literal[1] | None = None
     logprobs: int | None = Field(default=None, ge=0, le=COMPLETION_LOGPROBS_MAX)
     suffix: None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)) and len(p) != 1:
             raise ValueError("one prompt per request (send a batch for many)")
+        if isinstance(p, list) and not p:
+            raise ValueError("the prompt is empty")
         return self
 
     def sampling(self, default_max_tokens: int) -> dict[str, Any]:
         sampling = super().sampling(default_max_tokens)
         if self.logprobs is not None:
             sampling["logprobs"] = self.logprobs
+            if self.echo:  # the prompt's logprobs too: what loglikelihood evaluations read
+                sampling["prompt_logprobs"] = self.logprobs
         return sampling
 
     def prompt_fields(self) -> dict[str, Any]:
-        return {"prompt": self.prompt if isinstance(self.prompt, str) else self.prompt[0]}
+        p = self.prompt
+        one = p[0] if isinstance(p, list) and isinstance(p[0], (str, list)) else p
+        fields: dict[str, Any] = {"prompt": one} if isinstance(one, str) else {"prompt_ids": one}
+        if self.echo:
+            fields["echo"] = True
+        return fields
 
 
 Request = ChatCompletionRequest | CompletionRequest

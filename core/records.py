@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from core.errors import JobError
-from core.jobs import GenerationJob, JobResult, Usage
+from core.jobs import GenerationJob, JobResult, TokenLogprob, Usage
 from core.store.jobstore import LineRecord
 
 CHAT_URL = "/v1/chat/completions"
@@ -66,17 +66,24 @@ def chat_logprobs(result: JobResult) -> dict[str, Any] | None:
 
 def completion_logprobs(result: JobResult) -> dict[str, Any] | None:
     """A text completion choice's ``logprobs``: OpenAI's legacy shape (parallel lists, the
-    alternatives as token → logprob, each token's character offset in the text)."""
-    if result.logprobs is None:
+    alternatives as token → logprob, each token's character offset in the text). An echo
+    starts with the prompt's tokens, the first without a logprob (nothing precedes it)."""
+    if result.logprobs is None and result.prompt_logprobs is None:
         return None
+    entries: list[TokenLogprob | None] = [*(result.prompt_logprobs or []), *(result.logprobs or [])]
+    texts = [t.token if t is not None else (result.echo_text or "")[:0] for t in entries]
+    if result.prompt_logprobs and result.echo_text is not None:
+        # The first prompt token has no entry: its text is what the others leave of the prompt.
+        rest = "".join(texts[1 : len(result.prompt_logprobs)])
+        texts[0] = result.echo_text[: max(0, len(result.echo_text) - len(rest))]
     offsets, at = [], 0
-    for t in result.logprobs:
+    for text in texts:
         offsets.append(at)
-        at += len(t.token)
+        at += len(text)
     return {
-        "tokens": [t.token for t in result.logprobs],
-        "token_logprobs": [t.logprob for t in result.logprobs],
-        "top_logprobs": [{a.token: a.logprob for a in t.top_logprobs} for t in result.logprobs],
+        "tokens": texts,
+        "token_logprobs": [None if t is None else t.logprob for t in entries],
+        "top_logprobs": [None if t is None else {a.token: a.logprob for a in t.top_logprobs} for t in entries],
         "text_offset": offsets,
     }
 
@@ -101,7 +108,12 @@ def response_body(result: JobResult, url: str, created: int | None = None) -> di
         **common,
         "object": "text_completion",
         "choices": [
-            {"index": 0, "text": result.text, "logprobs": completion_logprobs(result), "finish_reason": finish}
+            {
+                "index": 0,
+                "text": (result.echo_text or "") + result.text,
+                "logprobs": completion_logprobs(result),
+                "finish_reason": finish,
+            }
         ],
     }
 

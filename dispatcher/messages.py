@@ -78,5 +78,7 @@ class Publisher:
             summary += f" batch={job.batch_id} custom_id={job.custom_id}"
         if self.show_text:  # flower.show_text: a debugging aid, off by default
             text = job.prompt if job.prompt is not None else " | ".join(m.content for m in job.messages or [])
+            if job.prompt_ids is not None:
+                text = f"<{len(job.prompt_ids)} token ids>"
             summary += f" prompt={text[:200]!r}"
         return summary

@@ -34,7 +34,9 @@ def might_overflow(job: GenerationJob, window: int) -> bool:
     tokenizer makes at most one token per byte (plus its few special tokens), so a
     prompt's bytes bound its tokens. Counting exactly is then skipped: a batch of short
     lines is validated at the speed of JSON, not of a tokenizer."""
-    if job.messages is None:
+    if job.prompt_ids is not None:
+        bound = len(job.prompt_ids)
+    elif job.messages is None:
         bound = len((job.prompt or "").encode()) + 8
     else:
         content = sum(len(m.content.encode()) for m in job.messages)

@@ -140,7 +140,10 @@ class PrefixHasher:
 
     def prompt_ids(self, job: GenerationJob, model: ModelSpec) -> list[int] | None:
         """The prompt's token ids as the engines see them (chat template included), with the
-        model's own tokenizer; None without one on this host."""
+        model's own tokenizer; None without one on this host. A prompt given as ids is
+        those ids."""
+        if job.prompt_ids is not None:
+            return list(job.prompt_ids)
         tok = self.tokenizer(model)
         if tok is None:
             return None
@@ -153,9 +156,9 @@ class PrefixHasher:
         tok = self.tokenizer(model)
         if tok is None:
             return None
-        counts = [0] * len(jobs)
+        counts = [len(job.prompt_ids or ()) for job in jobs]
         for plain in (True, False):  # a chat template already holds its special tokens
-            picked = [i for i, job in enumerate(jobs) if (job.messages is None) == plain]
+            picked = [i for i, job in enumerate(jobs) if (job.messages is None) == plain and job.prompt_ids is None]
             if picked:
                 texts = [render(jobs[i], tok) for i in picked]
                 for i, n in zip(picked, tok.count_batch(texts, add_special_tokens=plain)):

@@ -11,8 +11,10 @@ import json
 import math
 import time
 from enum import Enum
+from pathlib import Path
 
 import llama_cpp
+import numpy as np
 import openai
 import pytest
 from pydantic import BaseModel, Field
@@ -377,3 +379,72 @@ def test_a_batch_of_all_of_these_answers_what_the_gateway_answers_line_by_line(s
     assert answers[4]["message"]["content"] in ("yes", "no")
     assert records["c5"]["response"]["body"]["usage"]["completion_tokens"] == 60  # ignore_eos: to max_tokens
     assert direct[5]["usage"]["completion_tokens"] == 60
+
+
+LM_EVAL_DATA = Path(__file__).parent.parent / "data" / "lm_eval"
+
+
+def reference_accuracy(hf_dir: Path, docs: list[dict]) -> tuple[float, list[int]]:
+    """The task run on the same GGUF in-process through llama-cpp-python, scored as
+    lm-evaluation-harness scores it: the continuation's summed logprob, encoded as the
+    context plus continuation minus the context's tokens, with the same tokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    llm = llama_cpp.Llama(
+        model_path=str(ModelRegistry.from_config().get(MODEL).artifact_path("gguf")),
+        n_ctx=256,
+        logits_all=True,
+        verbose=False,
+    )
+    picks = []
+    for doc in docs:
+        scores = []
+        for choice in doc["choices"]:
+            context = tok(doc["question"], add_special_tokens=False)["input_ids"]
+            whole = tok(doc["question"] + choice, add_special_tokens=False)["input_ids"]
+            llm.reset()
+            llm.eval(whole)
+            rows = np.array(llm.scores[: len(whole)], dtype=np.float64)
+            rows -= rows.max(axis=1, keepdims=True)
+            logprobs = rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
+            scores.append(sum(logprobs[i - 1, whole[i]] for i in range(len(context), len(whole))))
+        picks.append(int(np.argmax(scores)))
+    llm.close()
+    return float(np.mean([p == d["answer"] for p, d in zip(picks, docs, strict=True)])), picks
+
+
+def test_lm_evaluation_harness_runs_a_loglikelihood_task_with_llama_cpps_accuracy(
+    gateway, hf_dir, tmp_path, monkeypatch
+):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    data = LM_EVAL_DATA / "facts.jsonl"
+    (tmp_path / "ib_facts.yaml").write_text(
+        (LM_EVAL_DATA / "ib_facts.yaml").read_text().replace("DATA_FILE", str(data))
+    )
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    out = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args={
+            "base_url": f"{gateway.url}/v1/completions",
+            "model": MODEL,
+            "tokenizer_backend": "huggingface",
+            "tokenizer": str(hf_dir),
+            "tokenized_requests": True,
+            "num_concurrent": 2,
+            "max_retries": 1,
+        },
+        tasks=["ib_facts"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+        num_fewshot=0,
+        batch_size=1,
+    )
+    ours = out["results"]["ib_facts"]["acc,none"]
+    docs = [json.loads(line) for line in data.read_text().splitlines()]
+    theirs, picks = reference_accuracy(hf_dir, docs)
+    assert ours == pytest.approx(theirs, abs=1 / len(docs) + 1e-9), (ours, theirs, picks)
+    assert ours >= 0.5  # the task is easy: a broken logprob (an offset, a wrong row) scores near chance

@@ -5,12 +5,13 @@ request the server refuses."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
 from conftest import ARTIFACTS, start_worker
-from core.errors import ContextOverflowError, EngineError
+from core.errors import ContextOverflowError, EngineError, UnsupportedByBackendError
 from ops.local.peers import LlamaCppServer
 
 pytestmark = pytest.mark.integration
@@ -120,3 +121,19 @@ def test_a_servers_4xx_refusal_is_a_typed_error_at_once_not_a_retry(client, tgi_
     assert time.monotonic() - t0 < 30  # the 4xx branch: no retries
     ok = client.submit(tgi_job("Say hello.", 4)).result(timeout=120)
     assert ok.status == "completed" and ok.worker == refusing_worker.worker_id
+
+
+def test_openais_own_fields_pass_through_to_the_server(client, tgi_worker):
+    job = tgi_job('Reply with a JSON object whose key "city" names a city in France.', 120)
+    job["sampling"] |= {"structured": {"kind": "json_object"}, "presence_penalty": 0.5, "logit_bias": {"30": -5}}
+    r = client.submit(job).result(timeout=120)
+    assert r.finish_reason == "stop" and isinstance(json.loads(r.text), dict), r.text
+    ids = {"model": MODEL, "prompt_ids": [504, 3575, 282], "sampling": {"max_tokens": 4}, "backend": "tgi"}
+    assert client.submit(ids).result(timeout=120).usage.prompt_tokens == 3  # a prompt given as token ids
+
+
+def test_what_the_server_may_not_know_is_refused_before_it_is_sent(client, tgi_worker):
+    job = tgi_job("hi", 8)
+    job["sampling"]["min_p"] = 0.1  # vLLM's extension: not sent to a server that may not know it
+    with pytest.raises(UnsupportedByBackendError, match="tgi does not serve min_p"):
+        client.submit(job)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from core.backends import BackendSpec, SpeculativeConfig
-from core.errors import JobTimeoutError, UnsupportedByBackendError
+from core.errors import JobTimeoutError, JobValidationError, UnsupportedByBackendError
 from core.jobs import GenerationJob, check_context
 from core.registry import ModelSpec
 from workers.engines.decoding import stop_cut
@@ -126,6 +126,8 @@ class Engine(ABC, Generic[SpecT]):
                 cached_tokens=r.cached_tokens,
                 speculative=None if r.speculative is None else speculative_counts(r, r.speculative.method),
                 logprobs=r.logprobs,
+                prompt_logprobs=r.prompt_logprobs,
+                echo_text=self.decode(r.prompt_ids) if r.echo else None,
             )
         )
 
@@ -179,7 +181,7 @@ class Engine(ABC, Generic[SpecT]):
             raise UnsupportedByBackendError(
                 f"{self.backend} does not serve {', '.join(missing)}", {"backend": self.backend, "unsupported": missing}
             )
-        prompt_ids = self.encode(job)
+        prompt_ids = self.prompt_of(job)
         self.check_context(job, prompt_ids)
         return EngineRequest(
             job_id=job.id,
@@ -187,7 +189,27 @@ class Engine(ABC, Generic[SpecT]):
             sampling=job.sampling,
             on_text=on_text,
             speculative=self.speculative_for(job),
+            echo=job.echo,
+            prompt_logprobs=None if job.sampling.prompt_logprobs is None else [None],
         )
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids this model has (None: the engine cannot say; its server checks)."""
+        return None
+
+    def prompt_of(self, job: GenerationJob) -> list[int]:
+        """The job's prompt ids: encoded, or as given (checked against the vocabulary: an id
+        past it would fail the whole batch it joins, not just this job)."""
+        if job.prompt_ids is None:
+            return self.encode(job)
+        size = self.vocab_size
+        if size is not None and max(job.prompt_ids) >= size:
+            raise JobValidationError(
+                f"prompt: token id {max(job.prompt_ids)} is not in this model's vocabulary ({size} tokens)",
+                {"errors": [{"field": "prompt", "message": "token id out of range"}]},
+            )
+        return list(job.prompt_ids)
 
     def start(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
         """Hand one job to the scheduler without waiting for it (the jobs of a group

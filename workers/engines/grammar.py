@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import xgrammar as xgr
 
 from core.errors import JobValidationError
 from core.jobs import StructuredOutput
@@ -38,6 +37,8 @@ class Grammars:
     tokens, which no grammar admits), with its cache of compiled grammars."""
 
     def __init__(self, vocab: list[bytes], stop_ids: list[int], json_grammar: JsonGrammar | None = None) -> None:
+        import xgrammar as xgr  # imports torch (~2 s): paid at the first structured job, not at start
+
         self.n_vocab = len(vocab)
         self.json_grammar = json_grammar
         info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=len(vocab), stop_token_ids=stop_ids)
@@ -78,6 +79,8 @@ class Guide:
     """One job's walk through its grammar: the mask of the tokens it admits next."""
 
     def __init__(self, compiled: Any, n_vocab: int) -> None:
+        import xgrammar as xgr
+
         self.matcher = xgr.GrammarMatcher(compiled)
         self.n_vocab = n_vocab
         self.bitmask = np.zeros((1, (n_vocab + 31) // 32), dtype=np.int32)

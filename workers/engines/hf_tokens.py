@@ -23,5 +23,9 @@ class HFTokenizerMixin:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(job.prompt)["input_ids"]
 
+    @property
+    def vocab_size(self) -> int | None:
+        return len(self.tokenizer)
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -35,6 +35,8 @@ class EngineOutput:
     completion_tokens: int | None = None  # when the engine has no token ids (a remote server's usage)
     speculative: dict[str, Any] | None = None  # method, target passes, accepted tokens
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when the job asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None: the first)
+    echo_text: str | None = None  # the prompt as text, for an echo
 
 
 @dataclass(eq=False)
@@ -58,6 +60,8 @@ class EngineRequest:
     shaper: Shaper | None = None  # logit_bias, an EOS floor, a grammar (engines that run their own sampler)
     logprob_reader: Logprobs | None = None  # reads each position's logprobs (the job asked for them)
     logprobs: list[TokenLogprob] | None = None
+    echo: bool = False  # the answer starts with the prompt
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # filled while the prompt is evaluated (echo)
 
 
 def fail_requests(requests: list[EngineRequest], exc: BaseException) -> None:

@@ -34,11 +34,18 @@ import openai
 
 from core.backends import TgiSpec
 from core.errors import ContextOverflowError, EngineError, JobTimeoutError
-from core.jobs import GenerationJob
+from core.jobs import GenerationJob, StructuredOutput
 from workers.engines.base import Engine
 from workers.engines.request import EngineOutput
 
 log = logging.getLogger(__name__)
+
+
+def response_format(s: StructuredOutput) -> dict[str, Any]:
+    """OpenAI's response_format for a JSON structured output."""
+    if s.kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": "response", "schema": s.json_schema, "strict": True}}
+    return {"type": "json_object"}
 
 
 class TgiEngine(Engine[TgiSpec]):
@@ -132,6 +139,15 @@ class TgiEngine(Engine[TgiSpec]):
             args["seed"] = s.seed
         if s.stop:
             args["stop"] = list(s.stop)
+        extra = {
+            k: v for k, v in (("presence_penalty", s.presence_penalty), ("frequency_penalty", s.frequency_penalty)) if v
+        }
+        if s.logit_bias:
+            extra["logit_bias"] = {str(t): b for t, b in s.logit_bias.items()}
+        if s.structured is not None:  # OpenAI's own field (TgiSpec.SERVES: JSON only)
+            extra["response_format"] = response_format(s.structured)
+        if extra:
+            args["extra_body"] = extra  # as sent on both endpoints (completions has no typed fields for them)
         return args
 
     def _open(self, job: GenerationJob) -> Any:
@@ -141,7 +157,8 @@ class TgiEngine(Engine[TgiSpec]):
                 return self.client.chat.completions.create(
                     messages=[m.model_dump() for m in job.messages], **self._request(job)
                 )
-            return self.client.completions.create(prompt=job.prompt, **self._request(job))
+            prompt = job.prompt if job.prompt_ids is None else job.prompt_ids
+            return self.client.completions.create(prompt=prompt, **self._request(job))
         except openai.APIStatusError as exc:
             if exc.status_code >= 500:
                 raise

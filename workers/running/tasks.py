@@ -132,7 +132,7 @@ def _generate(rt: Runtime, job: GenerationJob, begin: Begin) -> EngineOutput:
 
 def cancelled_unrun(rt: Runtime, job: GenerationJob) -> EngineOutput:
     """The output of a job cancelled while queued: no tokens, its prompt counted."""
-    return EngineOutput([], "", "cancelled", len(rt.engine.encode(job)), None, time.time())
+    return EngineOutput([], "", "cancelled", len(rt.engine.prompt_of(job)), None, time.time())
 
 
 def engine_failure(rt: Runtime, exc: BaseException) -> EngineError:
@@ -187,6 +187,8 @@ def build_result(
         speculative=out.speculative,
         logprobs=out.logprobs,
         tool_calls=calls_of(job, out),
+        echo_text=out.echo_text,
+        prompt_logprobs=out.prompt_logprobs,
     )
 
 

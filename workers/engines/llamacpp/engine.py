@@ -201,6 +201,10 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
         return piece
 
     @property
+    def vocab_size(self) -> int | None:
+        return self.n_vocab
+
+    @property
     def grammars(self) -> Grammars:
         """The grammar compiler for this vocabulary, made at the first structured job."""
         if self._grammars is None:
@@ -217,8 +221,9 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
         check_bias(s, self.n_vocab)
         guide = self.grammars.guide(s.structured) if s.structured is not None else None
         r.shaper = shaper_for(s, self.eos_ids, guide)
-        if s.logprobs is not None:
-            r.logprob_reader, r.logprobs = Logprobs(s.logprobs, self.piece), []
+        if s.logprobs is not None or s.prompt_logprobs is not None:
+            r.logprob_reader = Logprobs(s.logprobs or s.prompt_logprobs or 0, self.piece)
+            r.logprobs = [] if s.logprobs is not None else None
         return r
 
     def piece(self, token: int) -> bytes:

@@ -54,6 +54,9 @@ class Scheduler:
         self.lookup = PromptLookup(ctx, self.memory, shape.draft_tokens)
         self.n_vocab = shape.n_vocab
         self._out_rows: dict[int, int] = {}  # this step's batch index → its row in the logits
+        self._scored: list[
+            tuple[Sequence, int, int]
+        ] = []  # echo: (sequence, batch index, the prompt token it predicts)
         self._argmax: np.ndarray | None = None  # this step's greedy picks, one per logits row
         self.eos = set(engine.eos_ids)
         self.prompt_tokens_evaluated = 0  # what prefix reuse saves
@@ -136,7 +139,8 @@ class Scheduler:
         self._reserved += reservation(r)
         prompt = r.prompt_ids
         n_past = 0
-        hit = self.prefix_cache.lookup(prompt)
+        # An echo needs the logits of every prompt position: nothing comes from the cache.
+        hit = None if r.prompt_logprobs is not None else self.prefix_cache.lookup(prompt)
         if hit is not None:
             # Never the last prompt token: its logits are needed. The rest of the prompt is
             # still cut on the prefill_chunk grid (see _step), as a cold evaluation cuts it.
@@ -180,10 +184,11 @@ class Scheduler:
         logprobs if the job asked. A job that shapes its logits (a grammar, logit_bias,
         an EOS floor) changes its own row first (workers.engines.shaping)."""
         r = s.request
-        if r.shaper is None and r.logprob_reader is None:
+        if r.shaper is None and r.logprobs is None:
             return self._plain_pick(s, idx)
         row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
-        logprobs = r.logprob_reader.read(row) if r.logprob_reader is not None else None
+        reading = r.logprob_reader is not None and r.logprobs is not None
+        logprobs = r.logprob_reader.read(row) if reading and r.logprob_reader is not None else None
         if r.shaper is not None:
             r.shaper.shape(row, len(r.tokens))
             tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx) if s.sampler else int(row.argmax())
@@ -212,6 +217,7 @@ class Scheduler:
         prefillers a chunk of their prompt; then each sequence with logits samples."""
         self.batch.n_tokens = 0
         self._out_rows.clear()
+        self._scored.clear()
         self._argmax = None
         outputs: list[tuple[Sequence, int]] = []  # (sequence, the batch index of its logits)
         drafts: dict[int, tuple[int, list[int], list[int]]] = {}  # id(seq) → its n_past, drafts, their logit rows
@@ -221,6 +227,7 @@ class Scheduler:
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} ({len(self._running)} sequences)")
         self.steps += 1
+        self._score_prompts()
         self._sample(outputs, drafts, time.time())
         running = list(self._running)
         cancelled = self.engine.cancelled([s.request.job_id for s in running])
@@ -251,11 +258,14 @@ class Scheduler:
             if not s.prefilling or room < min(size, len(s.pending)):
                 continue
             chunk, s.pending = s.pending[:size], s.pending[size:]
+            scoring = s.request.prompt_logprobs is not None
             for j, tok in enumerate(chunk):
                 last = not s.pending and j == len(chunk) - 1
-                idx = self._add(tok, s.n_past + j, s.seq_id, last)
+                idx = self._add(tok, s.n_past + j, s.seq_id, last or scoring)
                 if last:
                     outputs.append((s, idx))
+                elif scoring:  # this position's logits score the next prompt token
+                    self._scored.append((s, idx, s.n_past + j + 1))
             s.n_past += len(chunk)
             self.prompt_tokens_evaluated += len(chunk)
             room -= len(chunk)
@@ -283,6 +293,16 @@ class Scheduler:
             tok = self._pick(s, idx)
             if not take(s, tok, save_prefix=s.save_prefix and len(s.request.tokens) == 0) and id(s) in drafts:
                 self.lookup.verify(s, tok, *drafts[id(s)], take, self._pick)
+
+    def _score_prompts(self) -> None:
+        """An echo's prompt logprobs: each evaluated position's logprob of the prompt token
+        after it (the last position's logits pick the first generated token instead)."""
+        for s, idx, pos in self._scored:
+            r = s.request
+            if r.logprob_reader is None or r.prompt_logprobs is None:
+                continue
+            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
+            r.prompt_logprobs.append(r.logprob_reader.entry(r.logprob_reader.read(row), r.prompt_ids[pos]))
 
     def _save_prefix(self, s: Sequence) -> None:
         """The sequence holds exactly its prompt now: keep that state for later prompts."""
