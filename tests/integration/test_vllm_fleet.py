@@ -5,6 +5,7 @@ abort on cancel, and a worker SIGKILLed mid-batch losing nothing."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import time
 
 import pytest
@@ -126,3 +127,34 @@ def test_a_worker_killed_mid_batch_loses_no_job(client, redis_url, vllm_worker):
             assert r.attempt == 2 and record["completions"] == "1"
     finally:
         second.stop(timeout=120)
+
+
+def test_vllms_own_structured_outputs_sampling_extensions_and_logprobs_serve_the_request(client, vllm_worker):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "size": {"type": "string", "enum": ["small", "big"]}},
+        "required": ["city", "size"],
+        "additionalProperties": False,
+    }
+    job = vllm_job("Name a city as JSON.", 60)
+    job["sampling"] |= {"structured": {"kind": "json_schema", "json_schema": schema}, "logprobs": 2}
+    r = client.submit(job).result(timeout=180)
+    value = json.loads(r.text)
+    assert set(value) == {"city", "size"} and value["size"] in ("small", "big")
+    assert len(r.logprobs) == r.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in r.logprobs)
+    assert all(t.top_logprobs[0].token == t.token for t in r.logprobs)  # greedy: the likeliest
+    choice = vllm_job("Is the sea wet?", 8)
+    choice["sampling"]["structured"] = {"kind": "choice", "choice": ["yes", "no"]}
+    assert client.submit(choice).result(timeout=180).text in ("yes", "no")
+    long = vllm_job("Say hi.", 20)
+    long["sampling"] |= {"ignore_eos": True, "presence_penalty": 1.0, "min_p": 0.05, "repetition_penalty": 1.1}
+    assert client.submit(long).result(timeout=180).usage.completion_tokens == 20
+    echo = {"model": MODEL, "prompt_ids": [504, 3575, 282, 4649], "echo": True, "backend": "vllm"}
+    echo["sampling"] = {"max_tokens": 1, "logprobs": 1, "prompt_logprobs": 1}
+    e = client.submit(echo).result(timeout=180)
+    assert (
+        e.prompt_logprobs[0] is None
+        and len(e.prompt_logprobs) == 4
+        and all(p.logprob <= 0 for p in e.prompt_logprobs[1:])
+    )
+    assert e.echo_text

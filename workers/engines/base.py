@@ -190,6 +190,7 @@ class Engine(ABC, Generic[SpecT]):
             on_text=on_text,
             speculative=self.speculative_for(job),
             echo=job.echo,
+            logprobs=None if job.sampling.logprobs is None else [],
             prompt_logprobs=None if job.sampling.prompt_logprobs is None else [None],
         )
 

@@ -30,7 +30,7 @@ from transformers import AutoTokenizer
 from core import settings
 from core.backends import SpeculativeConfig, VllmSpec
 from core.errors import EngineError
-from core.jobs import SamplingParams
+from core.jobs import SamplingParams, StructuredOutput, TokenLogprob, TopLogprob
 from workers.engines.base import Engine
 from workers.engines.decoding import stream_text
 from workers.engines.hf_tokens import HFTokenizerMixin
@@ -83,17 +83,55 @@ class RunningStats:
 
 
 def to_vllm_sampling(s: SamplingParams, output_kind: Any) -> Any:
+    """The job's sampling as vLLM's own: every feature maps onto a field of the same name
+    (and structured outputs onto vLLM's, xgrammar underneath)."""
     from vllm import SamplingParams as VllmSampling
 
     return VllmSampling(
         max_tokens=s.max_tokens,
         temperature=0.0 if s.greedy else s.temperature,
         top_p=1.0 if s.greedy else s.top_p,
+        top_k=s.top_k or 0,
+        min_p=s.min_p,
         seed=s.seed,
         stop=list(s.stop) or None,
+        include_stop_str_in_output=s.include_stop_str_in_output,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        logit_bias=dict(s.logit_bias) or None,
+        min_tokens=s.min_tokens,
+        ignore_eos=s.ignore_eos,
+        logprobs=s.logprobs,
+        prompt_logprobs=s.prompt_logprobs,
+        structured_outputs=None if s.structured is None else structured_outputs(s.structured),
         output_kind=output_kind,
         skip_special_tokens=True,
     )
+
+
+def structured_outputs(s: StructuredOutput) -> Any:
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if s.kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if s.kind == "json_schema":
+        return StructuredOutputsParams(json=s.json_schema)
+    if s.kind == "regex":
+        return StructuredOutputsParams(regex=s.regex)
+    return StructuredOutputsParams(choice=list(s.choice or []))
+
+
+def token_logprob(position: dict[int, Any], token: int, k: int) -> TokenLogprob:
+    """One position of vLLM's logprobs (token id → Logprob: the top ``k``, ranked from 1,
+    and the taken token whatever its rank) as the fleet's entry."""
+
+    def top(t: int) -> TopLogprob:
+        text = position[t].decoded_token or ""
+        return TopLogprob(token=text, logprob=position[t].logprob, bytes=list(text.encode()))
+
+    ranked = sorted((t for t in position if (position[t].rank or k + 1) <= k), key=lambda t: position[t].rank)
+    return TokenLogprob(**top(token).model_dump(), top_logprobs=[top(t) for t in ranked])
 
 
 class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
@@ -230,6 +268,17 @@ class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
         prompt = TokensPrompt(prompt_token_ids=r.prompt_ids)
         async for out in self.llm.generate(prompt, params, request_id=r.job_id):
             completion = out.outputs[0]
+            if r.prompt_logprobs is not None and out.prompt_logprobs and len(r.prompt_logprobs) == 1:
+                r.prompt_logprobs += [
+                    token_logprob(p, t, r.sampling.prompt_logprobs or 0)
+                    for p, t in zip(out.prompt_logprobs[1:], r.prompt_ids[1:], strict=False)
+                    if p
+                ]
+            if r.logprobs is not None and completion.logprobs:
+                k = r.sampling.logprobs or 0
+                r.logprobs += [
+                    token_logprob(p, t, k) for p, t in zip(completion.logprobs, completion.token_ids, strict=False)
+                ]
             if completion.token_ids:
                 r.target_passes += 1  # one engine step: its accepted drafts and its own token
                 r.tokens.extend(completion.token_ids)

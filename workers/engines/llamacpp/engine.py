@@ -223,7 +223,6 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
         r.shaper = shaper_for(s, self.eos_ids, guide)
         if s.logprobs is not None or s.prompt_logprobs is not None:
             r.logprob_reader = Logprobs(s.logprobs or s.prompt_logprobs or 0, self.piece)
-            r.logprobs = [] if s.logprobs is not None else None
         return r
 
     def piece(self, token: int) -> bytes:
