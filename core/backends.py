@@ -92,6 +92,8 @@ class BatchingSpec(BackendSpec):
 
 
 class PyTorchSpec(BatchingSpec):
+    # transformers' generate with the fleet's own logits processor (workers.engines.shaping)
+    SERVES = frozenset(FEATURES) - {"echo"}
     dtype: str = "float32"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -167,3 +168,46 @@ def test_resubmitting_a_job_id_does_not_run_it_twice(client, pytorch_worker):
     assert [h.result(timeout=120).id for h in twice] == ["idempotent-2", "idempotent-2"]
     assert client.record("idempotent-1")["attempts"] == "1"
     assert client.record("idempotent-2")["attempts"] == "1"
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer"},
+        "role": {"type": "string", "enum": ["admin", "user", "guest"]},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 2},
+    },
+    "required": ["name", "age", "role", "skills"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_outputs_logprobs_and_sampling_extensions_in_the_fleets_logits_processor(client, pytorch_worker):
+    jobs = [
+        {
+            "model": MODEL,
+            "messages": chat(f"Describe user number {i} as JSON."),
+            "backend": "pytorch",
+            "sampling": {"max_tokens": 80, "structured": {"kind": "json_schema", "json_schema": PERSON}},
+        }
+        for i in range(4)
+    ]
+    jobs[0]["sampling"]["logprobs"] = 2  # one row of the batch reads logprobs, the others not
+    results = [h.result(timeout=300) for h in client.submit_many(jobs)]
+    for r in results:
+        value = json.loads(r.text)
+        assert set(value) == set(PERSON["properties"]) and value["role"] in ("admin", "user", "guest"), r.text
+    first = results[0]
+    assert len(first.logprobs) == first.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in first.logprobs)
+    assert results[1].logprobs is None
+    plain = {"model": MODEL, "messages": chat("Say hi."), "backend": "pytorch", "sampling": {"max_tokens": 16}}
+    base = client.submit(plain).result(timeout=120)
+    floor = {**plain, "sampling": {"max_tokens": 16, "ignore_eos": True}}
+    assert client.submit(floor).result(timeout=120).usage.completion_tokens == 16
+    first_token = base.token_ids[0]
+    moved = {**plain, "sampling": {"max_tokens": 4, "logit_bias": {str(first_token): -100}}}
+    assert client.submit(moved).result(timeout=120).token_ids[0] != first_token
+    penalized = {**plain, "sampling": {"max_tokens": 16, "repetition_penalty": 1.8, "frequency_penalty": 1.5}}
+    assert client.submit(penalized).result(timeout=120).token_ids != base.token_ids

@@ -149,7 +149,7 @@ class Engine(ABC, Generic[SpecT]):
         cfg = self.config.speculative
         if cfg is None or not self.supports_speculative or job.speculative is False or not job.sampling.greedy:
             return None
-        if job.sampling.shapes_logits:  # a grammar or penalty would have to follow every draft
+        if job.sampling.shapes_logits or job.sampling.logprobs is not None:  # each draft would need them
             return None
         return cfg if (job.speculative or cfg.by_default) else None
 

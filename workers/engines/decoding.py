@@ -45,13 +45,18 @@ def stop_cut(text: str, s: SamplingParams) -> int | None:
 
 
 def batch_key(request: EngineRequest) -> Hashable:
-    """Requests that can share one batch: same sampling; a seeded one runs alone."""
+    """Requests that can share one batch: the same batch-wide settings (sampling, and what
+    onnxruntime-genai sets per batch: top_k, repetition penalty, a grammar); a seeded one
+    runs alone. What each row shapes itself (bias, EOS floor, penalties in PyTorch's
+    processor) does not split batches."""
     s = request.sampling
     if request.speculative:  # drafting and verifying are done for one sequence at a time
         return ("speculative", request.job_id)
+    structured = None if s.structured is None else s.structured.model_dump_json()
+    shared = (s.top_k, s.min_p, s.repetition_penalty, structured)
     if s.greedy:
-        return ("greedy",)
-    return ("sample", s.temperature, s.top_p, s.seed if s.seed is None else (s.seed, request.job_id))
+        return ("greedy", *shared)
+    return ("sample", s.temperature, s.top_p, s.seed if s.seed is None else (s.seed, request.job_id), *shared)
 
 
 def append_token(engine: Decoder, req: EngineRequest, tok: int, eos: set[int], now: float | None = None) -> str | None:

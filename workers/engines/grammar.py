@@ -33,15 +33,28 @@ JsonGrammar = Callable[[dict[str, Any] | None], str]
 
 
 class Grammars:
-    """The compiler for one engine's vocabulary (token id → its bytes; b"" for control
-    tokens, which no grammar admits), with its cache of compiled grammars."""
+    """The compiler for one engine's vocabulary, with its cache of compiled grammars."""
 
-    def __init__(self, vocab: list[bytes], stop_ids: list[int], json_grammar: JsonGrammar | None = None) -> None:
+    @classmethod
+    def of_pieces(cls, vocab: list[bytes], stop_ids: list[int], json_grammar: JsonGrammar | None = None) -> Grammars:
+        """From each token id's bytes (b"" for control tokens, which no grammar admits)."""
         import xgrammar as xgr  # imports torch (~2 s): paid at the first structured job, not at start
 
-        self.n_vocab = len(vocab)
-        self.json_grammar = json_grammar
         info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=len(vocab), stop_token_ids=stop_ids)
+        return cls(info, len(vocab), json_grammar)
+
+    @classmethod
+    def of_tokenizer(cls, tokenizer: Any, n_vocab: int, stop_ids: list[int]) -> Grammars:
+        """From a transformers tokenizer; ``n_vocab``: the model's logits width (it may pad)."""
+        import xgrammar as xgr
+
+        return cls(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=n_vocab, stop_token_ids=stop_ids), n_vocab)
+
+    def __init__(self, info: Any, n_vocab: int, json_grammar: JsonGrammar | None = None) -> None:
+        import xgrammar as xgr
+
+        self.n_vocab = n_vocab
+        self.json_grammar = json_grammar
         self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True, cache_limit_bytes=CACHE_BYTES)
         self._lock = threading.Lock()  # task threads compile; one at a time keeps the cache simple
 

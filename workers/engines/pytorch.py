@@ -15,13 +15,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+)
 
 from core.backends import PyTorchSpec
+from core.jobs import GenerationJob
 from workers.engines.batched import BatchedEngine
 from workers.engines.decoding import BatchProgress
+from workers.engines.grammar import Grammars
 from workers.engines.request import EngineRequest
+from workers.engines.shaping import prepare
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +42,16 @@ class BatchMonitor(StoppingCriteria):
     speculative step appends several tokens at once (the accepted drafts and the
     target's own next token): each is recorded in order, and the step is counted."""
 
-    def __init__(self, progress: BatchProgress, prompt_width: int, drafted: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        progress: BatchProgress,
+        prompt_width: int,
+        drafted: Callable[[], int] | None = None,
+        shaping: RowShaping | None = None,
+    ) -> None:
         self.progress = progress
         self.seen = prompt_width
+        self.shaping = shaping
         self.drafted = drafted  # a draft model's tokens proposed so far (a speculative request runs alone)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
@@ -43,9 +61,44 @@ class BatchMonitor(StoppingCriteria):
                 r.drafted_tokens = self.drafted()
         done = list(self.progress.done)
         for pos in range(self.seen, input_ids.shape[1]):
-            done = self.progress.step(input_ids[:, pos].tolist())
+            tokens = input_ids[:, pos].tolist()
+            if self.shaping is not None:
+                for i, token in enumerate(tokens):
+                    self.shaping.taken(i, token)
+            done = self.progress.step(tokens)
         self.seen = input_ids.shape[1]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class RowShaping(LogitsProcessor):
+    """Each row's own logits changes (workers.engines.shaping: penalties, bias, an EOS
+    floor, its grammar) and the logprobs it asked for, read before them; the rows of one
+    batch may differ. Logprobs wait in ``pending`` until the monitor sees the token taken."""
+
+    def __init__(self, requests: list[EngineRequest]) -> None:
+        self.requests = requests
+        self.pending: list[np.ndarray | None] = [None] * len(requests)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        for i, r in enumerate(self.requests):
+            if r.future.done() or (r.shaper is None and r.logprobs is None):
+                continue
+            row = scores[i].detach().float().cpu().numpy()  # a view of the row on a CPU (float32)
+            if r.logprobs is not None and r.logprob_reader is not None:
+                self.pending[i] = r.logprob_reader.read(row)
+            if r.shaper is not None:
+                r.shaper.catch_up(r.tokens)
+                r.shaper.shape(row, r.tokens)
+                if scores.device.type != "cpu" or scores.dtype != torch.float32:
+                    scores[i] = torch.from_numpy(row).to(scores.device, scores.dtype)
+        return scores
+
+    def taken(self, i: int, token: int) -> None:
+        """Row ``i`` took ``token``: its logprob entry, from the row read before."""
+        r, lp = self.requests[i], self.pending[i]
+        if lp is not None and r.logprobs is not None and r.logprob_reader is not None:
+            r.logprobs.append(r.logprob_reader.entry(lp, token))
+            self.pending[i] = None
 
 
 class PyTorchEngine(BatchedEngine[PyTorchSpec]):
@@ -66,6 +119,7 @@ class PyTorchEngine(BatchedEngine[PyTorchSpec]):
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.draft_model = self._load_draft(dtype)
+        self._grammars: Grammars | None = None
         self.start_scheduler()
         log.info(
             "pytorch engine: %s on %s, %d threads, loaded in %.1f s",
@@ -104,6 +158,25 @@ class PyTorchEngine(BatchedEngine[PyTorchSpec]):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "device": getattr(self, "device", "cpu")}
 
+    @property
+    def n_vocab(self) -> int:
+        return int(self.hf_model.config.vocab_size)  # the logits' width
+
+    def request_for(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
+        """The request, with its own logits changes and logprob reader (RowShaping applies
+        them in generate's loop); the grammar compiles here, on the task thread."""
+        r = super().request_for(job, on_text)
+        prepare(r, self.eos_ids, self.n_vocab, self.grammars, self.piece, penalties=True)
+        return r
+
+    def grammars(self) -> Grammars:
+        if self._grammars is None:
+            self._grammars = Grammars.of_tokenizer(self.tokenizer, self.n_vocab, self.eos_ids)
+        return self._grammars
+
+    def piece(self, token: int) -> bytes:
+        return self.tokenizer.decode([token]).encode()
+
     def run_batch(self, batch: list[EngineRequest]) -> None:
         width = max(len(r.prompt_ids) for r in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
@@ -117,7 +190,8 @@ class PyTorchEngine(BatchedEngine[PyTorchSpec]):
             do_sample=not s.greedy,
             temperature=s.temperature if not s.greedy else None,
             top_p=s.top_p if not s.greedy else None,
-            top_k=0 if not s.greedy else None,
+            top_k=(s.top_k or 0) if not s.greedy else None,
+            min_p=s.min_p if not s.greedy and s.min_p > 0 else None,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
         )
@@ -137,12 +211,15 @@ class PyTorchEngine(BatchedEngine[PyTorchSpec]):
             def drafted() -> int:
                 return self.draft_forwards - before
 
+        shaping = RowShaping(batch) if any(r.shaper or r.logprobs is not None for r in batch) else None
+        if shaping is not None:
+            extra["logits_processor"] = LogitsProcessorList([shaping])
         with torch.inference_mode():
             self.hf_model.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 generation_config=config,
-                stopping_criteria=[BatchMonitor(progress, width, drafted)],
+                stopping_criteria=[BatchMonitor(progress, width, drafted, shaping)],
                 **extra,
             )
         progress.finish_rest()

@@ -29,7 +29,7 @@ from workers.engines.grammar import Grammars
 from workers.engines.llamacpp.scheduler import ContextShape, Scheduler
 from workers.engines.prefix_cache import PrefixStateCache
 from workers.engines.request import EngineRequest
-from workers.engines.shaping import Logprobs, check_bias, shaper_for
+from workers.engines.shaping import prepare
 
 log = logging.getLogger(__name__)
 
@@ -210,19 +210,14 @@ class LlamaCppEngine(Engine[LlamaCppSpec]):
         if self._grammars is None:
             is_control = llama_cpp.llama_vocab_is_control
             vocab = [b"" if is_control(self.vocab, t) else self.piece(t) for t in range(self.n_vocab)]
-            self._grammars = Grammars(vocab, self.eos_ids, llama_json_grammar)
+            self._grammars = Grammars.of_pieces(vocab, self.eos_ids, llama_json_grammar)
         return self._grammars
 
     def request_for(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
         """The scheduler's request, with what the job does to its logits (compiled here,
         on the task thread: the scheduler thread only applies it)."""
         r = super().request_for(job, on_text)
-        s = job.sampling
-        check_bias(s, self.n_vocab)
-        guide = self.grammars.guide(s.structured) if s.structured is not None else None
-        r.shaper = shaper_for(s, self.eos_ids, guide)
-        if s.logprobs is not None or s.prompt_logprobs is not None:
-            r.logprob_reader = Logprobs(s.logprobs or s.prompt_logprobs or 0, self.piece)
+        prepare(r, self.eos_ids, self.n_vocab, lambda: self.grammars, self.piece, penalties=False)
         return r
 
     def piece(self, token: int) -> bytes:

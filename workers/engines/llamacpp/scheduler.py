@@ -190,7 +190,7 @@ class Scheduler:
         reading = r.logprob_reader is not None and r.logprobs is not None
         logprobs = r.logprob_reader.read(row) if reading and r.logprob_reader is not None else None
         if r.shaper is not None:
-            r.shaper.shape(row, len(r.tokens))
+            r.shaper.shape(row, r.tokens)
             tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx) if s.sampler else int(row.argmax())
             r.shaper.accept(tok)
         else:

@@ -9,6 +9,7 @@ import llama_cpp
 
 from core.jobs import SamplingParams
 from workers.engines.request import EngineRequest
+from workers.engines.shaping import penalized
 
 
 @dataclass(eq=False)
@@ -23,10 +24,6 @@ class Sequence:
     @property
     def prefilling(self) -> bool:
         return bool(self.pending)
-
-
-def penalized(s: SamplingParams) -> bool:
-    return s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
 
 
 def make_sampler(s: SamplingParams, n_vocab: int) -> Any:
