@@ -98,7 +98,8 @@ class PyTorchSpec(BatchingSpec):
 
 
 class OnnxSpec(BatchingSpec):
-    pass
+    # onnxruntime-genai's search options and its own guidance (set per batch)
+    SERVES = frozenset({"top_k", "repetition_penalty", "json_object", "json_schema", "regex", "choice"})
 
 
 class VllmSpec(BackendSpec):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
 from conftest import start_worker, start_worker_with_artifact, without_tokenizer
-from core.errors import ContextOverflowError
+from core.errors import ContextOverflowError, UnsupportedByBackendError
 
 pytestmark = pytest.mark.integration
 
@@ -76,3 +77,28 @@ def test_a_worker_with_an_incomplete_onnx_folder_refuses_to_start(tmp_path, redi
     out = start_worker_with_artifact(tmp_path, redis_url, "onnx", "onnx", broken)
     assert out.returncode == 2
     assert "missing model.onnx, tokenizer.json" in out.stdout
+
+
+def test_onnxruntime_genais_own_guidance_holds_structured_outputs(client, onnx_worker):
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "size": {"type": "string", "enum": ["S", "M", "L"]},
+        },
+        "required": ["name", "size"],
+        "additionalProperties": False,
+    }
+
+    def run(structured: dict, text: str, **sampling) -> str:
+        job = {"model": MODEL, "messages": chat(text), "backend": "onnx"}
+        job["sampling"] = {"max_tokens": 60, "structured": structured, **sampling}
+        return client.submit(job).result(timeout=180).text
+
+    value = json.loads(run({"kind": "json_schema", "json_schema": schema}, "A T-shirt as JSON."))
+    assert set(value) == {"name", "size"} and value["size"] in ("S", "M", "L")
+    assert run({"kind": "choice", "choice": ["yes", "no"]}, "Is ice cold?") in ("yes", "no")
+    digits = run({"kind": "regex", "regex": "[0-9]{4}"}, "A year?", repetition_penalty=1.2)
+    assert len(digits) == 4 and digits.isdigit()
+    with pytest.raises(UnsupportedByBackendError, match="onnx does not serve logit_bias"):
+        client.submit(model=MODEL, messages=chat("hi"), backend="onnx", sampling={"logit_bias": {"5": 1}})

@@ -11,6 +11,7 @@ stepping when every row has ended. The model runs in a child process
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from transformers import AutoTokenizer
 
 from core.backends import OnnxSpec
 from core.errors import EngineError
+from core.jobs import StructuredOutput
 from workers.engines.batched import BatchedEngine
 from workers.engines.decoding import BatchProgress
 from workers.engines.onnx_process import GeneratorFailed, GeneratorProcess, special_ids
@@ -35,6 +37,18 @@ def check_onnx_folder(path: Path) -> None:
     missing = [f for f in REQUIRED_FILES if not (path / f).exists()]
     if missing:
         raise FileNotFoundError(f"ONNX model folder {path} is missing {', '.join(missing)}")
+
+
+def guidance_of(s: StructuredOutput) -> tuple[str, str]:
+    """onnxruntime-genai's own guidance (llguidance inside it): a JSON schema, a regex, or a
+    Lark grammar for a choice list."""
+    if s.kind == "json_object":
+        return ("json_schema", json.dumps({"type": "object"}))
+    if s.kind == "json_schema":
+        return ("json_schema", json.dumps(s.json_schema))
+    if s.kind == "regex":
+        return ("regex", s.regex or "")
+    return ("lark_grammar", "start: " + " | ".join(json.dumps(c) for c in s.choice or []))
 
 
 class OnnxEngine(BatchedEngine[OnnxSpec]):
@@ -97,12 +111,15 @@ class OnnxEngine(BatchedEngine[OnnxSpec]):
             "do_sample": not s.greedy,
         }
         if not s.greedy:
-            options.update(temperature=s.temperature, top_p=s.top_p, top_k=0)
+            options.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or 0)
             if s.seed is not None:
                 options["random_seed"] = s.seed
-        progress = BatchProgress(self, batch)
+        if s.repetition_penalty != 1.0:
+            options["repetition_penalty"] = s.repetition_penalty
+        progress = BatchProgress(self, batch)  # one grammar per batch: decoding.batch_key splits on it
+        guidance = None if s.structured is None else guidance_of(s.structured)
         try:
-            self.generator.run(ids, options, lambda tokens: all(progress.step(tokens)))
+            self.generator.run(ids, options, lambda tokens: all(progress.step(tokens)), guidance)
         except GeneratorFailed as exc:
             raise EngineError(str(exc)) from None  # the batch's jobs fail with it (BatchedEngine)
         progress.finish_rest()

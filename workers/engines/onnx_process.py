@@ -92,6 +92,8 @@ def serve(conn: Connection, path: str, threads: int) -> None:
         try:
             params = og.GeneratorParams(model)
             params.set_search_options(**msg["options"])
+            if msg.get("guidance"):  # a structured output: llguidance inside onnxruntime-genai
+                params.set_guidance(*msg["guidance"])
             generator = og.Generator(model, params)
             generator.append_tokens(np.array(msg["ids"], dtype=np.int32))
             while not generator.is_done():
@@ -136,12 +138,19 @@ class GeneratorProcess:
         except (EOFError, OSError):
             raise GeneratorFailed(f"the ONNX generator process exited (code {self.proc.poll()})") from None
 
-    def run(self, ids: list[list[int]], options: dict[str, Any], on_step: Callable[[list[int]], bool]) -> None:
+    def run(
+        self,
+        ids: list[list[int]],
+        options: dict[str, Any],
+        on_step: Callable[[list[int]], bool],
+        guidance: tuple[str, str] | None = None,
+    ) -> None:
         """Decode one batch; ``on_step`` gets each step's tokens (one per row) and says
-        whether every row has ended, which stops the batch."""
+        whether every row has ended, which stops the batch; ``guidance``: the batch's
+        grammar (type, data), as onnxruntime-genai's set_guidance takes it."""
         if self.proc.poll() is not None:
             raise GeneratorFailed(f"the ONNX generator process exited (code {self.proc.returncode})")
-        send(self.conn, ids=ids, options=options)
+        send(self.conn, ids=ids, options=options, guidance=guidance)
         stopped = False
         while True:
             msg = self._receive()
