@@ -99,7 +99,7 @@ class PyTorchSpec(BatchingSpec):
 
 class OnnxSpec(BatchingSpec):
     # onnxruntime-genai's search options and its own guidance (set per batch)
-    SERVES = frozenset({"top_k", "repetition_penalty", "json_object", "json_schema", "regex", "choice"})
+    SERVES = frozenset({"top_k", "repetition_penalty", "json_object", "json_schema", "regex", "choice", "n"})
 
 
 class VllmSpec(BackendSpec):
@@ -121,6 +121,7 @@ class TgiSpec(BackendSpec):
     # Passed through as OpenAI's own fields, which any OpenAI-compatible server reads;
     # vLLM's extensions are not sent to a server that may not know them.
     SERVES = frozenset({"presence_penalty", "frequency_penalty", "logit_bias", "json_object", "json_schema"})
+    # (n: the worker streams one answer from the server; it does not ask for n)
     prefix_caching: bool
     max_concurrent: int = Field(ge=1)  # requests in flight against the server (the worker's concurrency)
     request_timeout_s: float = Field(gt=0)

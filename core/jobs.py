@@ -51,6 +51,7 @@ class ToolCall(BaseModel):
     arguments: str  # JSON text, as OpenAI sends it
 
 
+N_MAX = 16  # answers per request
 SEED_MAX = 2**63 - 1  # what every engine's generator takes (torch, vLLM); above it is a 400, not a 500
 LOGPROBS_MAX = 20  # OpenAI's top_logprobs limit
 
@@ -85,6 +86,9 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     max_tokens: int = Field(default=128, ge=1, le=32768)
+    n: int = Field(
+        default=1, ge=1, le=N_MAX
+    )  # answers to one prompt (its prefill shared where the engine keeps prefixes)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, max_length=8)
@@ -152,6 +156,7 @@ class SamplingParams(BaseModel):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "logprobs": self.logprobs is not None,
             "echo": self.prompt_logprobs is not None,
+            "n": self.n > 1,
         }
         found = {name for name, on in used.items() if on}
         if self.structured is not None:
@@ -163,7 +168,7 @@ class SamplingParams(BaseModel):
         """Whether the next token depends on more than the logits, temperature and top_p
         (a grammar, penalties, biases, a floor on EOS): such jobs leave fast paths that
         assume it does not (the llama.cpp batch argmax, speculation)."""
-        return bool(self.features() - {"include_stop_str_in_output", "logprobs", "echo"})
+        return bool(self.features() - {"include_stop_str_in_output", "logprobs", "echo", "n"})
 
 
 FEATURES: tuple[str, ...] = (
@@ -178,6 +183,7 @@ FEATURES: tuple[str, ...] = (
     "include_stop_str_in_output",
     "logprobs",
     "echo",
+    "n",
     "json_object",
     "json_schema",
     "regex",
@@ -306,6 +312,19 @@ class TokenLogprob(TopLogprob):
 
 
 FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class Choice(BaseModel):
+    """One of a job's n answers."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
 
 
@@ -329,6 +348,7 @@ class JobResult(BaseModel):
     speculative: dict[str, Any] | None = None
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when the job asked
     tool_calls: list[ToolCall] | None = None  # the answer read as the job's tool calls (then text is their JSON)
+    choices: list[Choice] | None = None  # n > 1: every answer, the first being the result's own fields
     echo_text: str | None = None  # an echo's prompt, which the answer starts with
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None: the first)
 

@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.errors import JobValidationError, UnsupportedParameterError
-from core.jobs import GenerationJob, Priority, StructuredOutput, ToolCalling
+from core.jobs import N_MAX, GenerationJob, Priority, StructuredOutput, ToolCalling
 from core.records import CHAT_URL, COMPLETIONS_URL
 from core.tool_calls import named_schema, required_schema, tools_system_text
 
@@ -171,7 +171,7 @@ class Generation(Strict):
     top_p: float | None = Field(default=None, gt=0, le=1)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int | None = Field(default=None, ge=1, le=128)
+    n: int | None = Field(default=None, ge=1, le=N_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -211,6 +211,7 @@ class Generation(Strict):
             "max_tokens": self.max_tokens or default_max_tokens,
             "temperature": 1.0 if self.temperature is None else self.temperature,
             "top_p": 1.0 if self.top_p is None else self.top_p,
+            "n": self.n or 1,
         }
         given = self.model_dump(
             include={
@@ -257,11 +258,6 @@ class Generation(Strict):
     ) -> GenerationJob:
         """The body as a validated job. ``fields`` are set by the door (id, batch ids,
         stream) and fill in what the body leaves out (``slo``)."""
-        if self.n is not None and self.n > 1:
-            raise UnsupportedParameterError(
-                f"Unsupported parameter: 'n' above 1 is not served yet (got {self.n}); send {self.n} requests",
-                {"errors": [{"field": "n", "message": "only 1 is served"}]},
-            )
         job = {"model": self.model, "stream": self.stream, **self.routing(default_priority), **self.prompt_fields()}
         job["sampling"] = self.sampling(default_max_tokens)
         for key, value in fields.items():

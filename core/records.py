@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from core.errors import JobError
-from core.jobs import GenerationJob, JobResult, TokenLogprob, Usage
+from core.jobs import Choice, GenerationJob, JobResult, TokenLogprob, ToolCall, Usage
 from core.store.jobstore import LineRecord
 
 CHAT_URL = "/v1/chat/completions"
@@ -36,45 +36,65 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def finish_reason(result: JobResult) -> str:
-    """OpenAI has no ``cancelled``: a cancelled answer simply stopped. An answer read as
-    tool calls finished to call them."""
-    if result.tool_calls:
-        return "tool_calls"
-    return "stop" if result.finish_reason == "cancelled" else result.finish_reason
+    """The finish reason OpenAI reports for a job's (first) answer."""
+    return choice_finish(answers(result)[0])
 
 
-def tool_calls_body(result: JobResult) -> list[dict[str, Any]]:
+def tool_calls_body(calls: list[ToolCall] | None) -> list[dict[str, Any]]:
     return [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for c in result.tool_calls or []
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls or []
     ]
 
 
-def chat_message(result: JobResult) -> dict[str, Any]:
+def answers(result: JobResult) -> list[Choice]:
+    """The job's answers: its n choices, or the one it has."""
+    if result.choices:
+        return result.choices
+    one = Choice(
+        index=0,
+        text=result.text,
+        token_ids=result.token_ids,
+        finish_reason=result.finish_reason,
+        logprobs=result.logprobs,
+        tool_calls=result.tool_calls,
+    )
+    return [one]
+
+
+def choice_finish(choice: Choice) -> str:
+    """OpenAI has no ``cancelled``: a cancelled answer simply stopped. An answer read as
+    tool calls finished to call them."""
+    if choice.tool_calls:
+        return "tool_calls"
+    return "stop" if choice.finish_reason == "cancelled" else choice.finish_reason
+
+
+def chat_message(choice: Choice) -> dict[str, Any]:
     """The assistant's message: its text, or the tool calls it made."""
-    if result.tool_calls:
-        return {"role": "assistant", "content": None, "tool_calls": tool_calls_body(result)}
-    return {"role": "assistant", "content": result.text}
+    if choice.tool_calls:
+        return {"role": "assistant", "content": None, "tool_calls": tool_calls_body(choice.tool_calls)}
+    return {"role": "assistant", "content": choice.text}
 
 
-def chat_logprobs(result: JobResult) -> dict[str, Any] | None:
+def chat_logprobs(logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
     """A chat choice's ``logprobs``: one entry per generated token, as OpenAI's."""
-    if result.logprobs is None:
+    if logprobs is None:
         return None
-    return {"content": [t.model_dump() for t in result.logprobs], "refusal": None}
+    return {"content": [t.model_dump() for t in logprobs], "refusal": None}
 
 
-def completion_logprobs(result: JobResult) -> dict[str, Any] | None:
+def completion_logprobs(result: JobResult, choice: Choice) -> dict[str, Any] | None:
     """A text completion choice's ``logprobs``: OpenAI's legacy shape (parallel lists, the
     alternatives as token → logprob, each token's character offset in the text). An echo
     starts with the prompt's tokens, the first without a logprob (nothing precedes it)."""
-    if result.logprobs is None and result.prompt_logprobs is None:
+    if choice.logprobs is None and result.prompt_logprobs is None:
         return None
-    entries: list[TokenLogprob | None] = [*(result.prompt_logprobs or []), *(result.logprobs or [])]
-    texts = [t.token if t is not None else (result.echo_text or "")[:0] for t in entries]
-    if result.prompt_logprobs and result.echo_text is not None:
+    prompt = result.prompt_logprobs or []
+    entries: list[TokenLogprob | None] = [*prompt, *(choice.logprobs or [])]
+    texts = ["" if t is None else t.token for t in entries]
+    if prompt and result.echo_text is not None:
         # The first prompt token has no entry: its text is what the others leave of the prompt.
-        rest = "".join(texts[1 : len(result.prompt_logprobs)])
+        rest = "".join(texts[1 : len(prompt)])
         texts[0] = result.echo_text[: max(0, len(result.echo_text) - len(rest))]
     offsets, at = [], 0
     for text in texts:
@@ -90,7 +110,6 @@ def completion_logprobs(result: JobResult) -> dict[str, Any] | None:
 
 def response_body(result: JobResult, url: str, created: int | None = None) -> dict[str, Any]:
     """A JobResult as the body of an OpenAI chat completion or text completion."""
-    finish = finish_reason(result)
     common = {
         "id": f"{'chatcmpl' if url == CHAT_URL else 'cmpl'}-{result.id}",
         "created": created or int(result.timings.finished),
@@ -98,24 +117,26 @@ def response_body(result: JobResult, url: str, created: int | None = None) -> di
         "usage": usage_body(result.usage),
     }
     if url == CHAT_URL:
-        message = chat_message(result)
-        return {
-            **common,
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(result), "finish_reason": finish}],
-        }
-    return {
-        **common,
-        "object": "text_completion",
-        "choices": [
+        choices = [
             {
-                "index": 0,
-                "text": (result.echo_text or "") + result.text,
-                "logprobs": completion_logprobs(result),
-                "finish_reason": finish,
+                "index": c.index,
+                "message": chat_message(c),
+                "logprobs": chat_logprobs(c.logprobs),
+                "finish_reason": choice_finish(c),
             }
-        ],
-    }
+            for c in answers(result)
+        ]
+        return {**common, "object": "chat.completion", "choices": choices}
+    choices = [
+        {
+            "index": c.index,
+            "text": (result.echo_text or "") + c.text,
+            "logprobs": completion_logprobs(result, c),
+            "finish_reason": choice_finish(c),
+        }
+        for c in answers(result)
+    ]
+    return {**common, "object": "text_completion", "choices": choices}
 
 
 def output_record(custom_id: str, result: JobResult, url: str) -> dict[str, Any]:

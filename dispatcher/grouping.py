@@ -38,7 +38,7 @@ def group_sends(
     lanes: dict[tuple[str, int], list[Pair]] = defaultdict(list)
     units: list[list[Pair]] = []
     for job, sel in pairs:
-        if sel.backend not in backends or job.id in seen:
+        if sel.backend not in backends or job.id in seen or job.sampling.n > 1:  # n answers: one message each
             units.append([(job, sel)])
         else:
             lane = lanes[(sel.queue, level[job.priority.value])]

@@ -65,7 +65,7 @@ class Chunks:
     def finish(self, result: JobResult) -> str:
         out = ""
         if self.tools:
-            calls = [{"index": i, **call} for i, call in enumerate(tool_calls_body(result))]
+            calls = [{"index": i, **call} for i, call in enumerate(tool_calls_body(result.tool_calls))]
             delta = {"tool_calls": calls} if calls else {"content": result.text}
             out += sse(self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]))
         out += sse(self._chunk([self._choice(None, finish_reason(result))]))

@@ -78,11 +78,12 @@ def request_job(body: dict[str, Any], url: str, default_max_tokens: int) -> tupl
     """The body read as every door reads it (a 400 naming the field if it is refused)."""
     req = parse_request(url, body)
     job = req.to_job(default_max_tokens, id=uuid.uuid4().hex)
-    if req.stream and job.sampling.logprobs is not None:
-        raise UnsupportedParameterError(
-            "logprobs are not streamed yet: ask without stream, or without logprobs",
-            {"errors": [{"field": "logprobs", "message": "not served with stream: true"}]},
-        )
+    for field, asked in (("logprobs", job.sampling.logprobs is not None), ("n", job.sampling.n > 1)):
+        if req.stream and asked:
+            raise UnsupportedParameterError(
+                f"{field} is not streamed yet: ask without stream, or without {field}",
+                {"errors": [{"field": field, "message": "not served with stream: true"}]},
+            )
     return req, job
 
 

@@ -342,3 +342,17 @@ def test_prompt_lookup_speculation_keeps_greedy_output_up_to_near_ties(engine):
     print(f"prompt lookup vs plain: {identical}/{len(jobs)} identical over 48 tokens; the rest differ at near-ties")
     print(f"  the widest gap at a difference: {worst:.3f} logits")
     assert identical >= SPECULATIVE_MIN_IDENTICAL
+
+
+def test_n_answers_share_one_prefill_and_each_has_its_seed(engine):
+    messages = chat(
+        "Write a line about the moon.", system="You are a poet of short, vivid lines about the sea and the stars."
+    )
+    before = engine.scheduler.prompt_tokens_evaluated
+    out = engine.generate(job(messages, n=4, temperature=1.0, seed=3, max_tokens=12))
+    evaluated = engine.scheduler.prompt_tokens_evaluated - before
+    assert len(out.choices) == 4 and out.choices[0] is out
+    # The prompt once, then each other answer only its last token (loaded from the prefix cache).
+    assert evaluated <= out.prompt_tokens + 3, (evaluated, out.prompt_tokens)
+    alone = engine.generate(job(messages, temperature=1.0, seed=5, max_tokens=12))
+    assert out.choices[2].token_ids == alone.token_ids  # answer i is seeded seed + i

@@ -240,6 +240,22 @@ def test_chat_logprobs_are_the_models_distribution_with_the_alternatives_asked_f
     assert "".join(e.token for e in content).startswith(answer.choices[0].message.content.rstrip())
 
 
+def test_n_answers_come_as_n_choices_each_seeded_and_counted(sdk):
+    args = {"model": MODEL, "messages": ask("Write a line about the sea."), "max_tokens": 12, "seed": 11}
+    answer = sdk.chat.completions.create(**args, n=3, temperature=1.0)
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    texts = [c.message.content for c in answer.choices]
+    assert len(set(texts)) > 1  # sampled, each from its own seed
+    assert answer.usage.completion_tokens == sum(
+        len(c.logprobs.content)
+        for c in sdk.chat.completions.create(**args, n=3, temperature=1.0, logprobs=True).choices
+    )
+    again = sdk.chat.completions.create(**args, n=3, temperature=1.0)
+    assert [c.message.content for c in again.choices] == texts  # seeds seed, seed + 1, seed + 2
+    greedy = sdk.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, n=2, temperature=0)
+    assert len(greedy.choices) == 2 and greedy.choices[0].text == greedy.choices[1].text
+
+
 def test_completion_logprobs_come_in_openais_legacy_shape(sdk):
     answer = sdk.completions.create(
         model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2
@@ -298,10 +314,11 @@ def test_logit_bias_moves_the_first_token(sdk, gateway):
     ("extra", "param", "words"),
     [
         ({"seed": 2**64}, "seed", "less than or equal"),
-        ({"backend": "onnx", "response_format": {"type": "json_object"}}, "json_object", "onnx does not serve"),
-        ({"backend": "onnx", "extra_body": {"min_p": 0.1}}, "min_p", "backends that serve min_p: vllm, llamacpp"),
+        ({"backend": "onnx", "logit_bias": {"5": 1}}, "logit_bias", "onnx does not serve logit_bias"),
+        ({"backend": "onnx", "extra_body": {"min_p": 0.1}}, "min_p", "serve min_p: pytorch, vllm, llamacpp"),
         ({"logprobs": True, "stream": True}, "logprobs", "not streamed"),
-        ({"n": 3}, "n", "not served yet"),
+        ({"n": 3, "stream": True}, "n", "not streamed"),
+        ({"n": 17}, "n", "less than or equal to 16"),
     ],
 )
 def test_what_cannot_be_served_is_a_400_naming_the_field_and_who_serves_it(sdk, extra, param, words):

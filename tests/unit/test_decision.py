@@ -252,19 +252,16 @@ def test_messages_for_a_model_without_a_chat_template_are_refused_at_submit():
         )
 
 
-SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
-
-
 def test_a_feature_the_trees_choice_lacks_moves_the_job_to_a_backend_that_serves_it():
-    # The tree sends a CPU job with a tight latency target to ONNX, which has no grammar.
+    # The tree sends a CPU job with a tight latency target to ONNX, which has no logit_bias.
     fields = {"hardware": "cpu", "slo": {"latency_target_ms": 50}}
     plain = run(job(**fields))
     assert plain.backend == "onnx" and not [s for s in plain.path if s.check == "features"]
-    sel = run(job(**fields, sampling={"structured": {"kind": "json_schema", "json_schema": SCHEMA}}))
-    assert sel.tree_choice == "onnx" and sel.backend in {"llamacpp", "vllm"}
+    sel = run(job(**fields, sampling={"logit_bias": {"5": 2.0}}))
+    assert sel.tree_choice == "onnx" and sel.backend in {"llamacpp", "vllm", "pytorch"}
     (step,) = [s for s in sel.path if s.check == "features"]
-    assert "needs json_schema" in step.detail and "onnx does not serve json_schema" in step.detail
-    assert "llamacpp" in step.detail and "vllm" in step.detail
+    assert "needs logit_bias" in step.detail and "onnx does not serve logit_bias" in step.detail
+    assert "llamacpp" in step.detail and "vllm" in step.detail and "tgi" in step.detail
 
 
 def test_a_feature_the_choice_serves_is_said_and_keeps_the_choice():
@@ -276,18 +273,26 @@ def test_a_feature_the_choice_serves_is_said_and_keeps_the_choice():
 
 def test_a_named_backend_that_lacks_a_feature_is_refused_naming_it_and_who_serves_it():
     with pytest.raises(UnsupportedByBackendError) as exc:
-        run(job(backend="onnx", sampling={"structured": {"kind": "regex", "regex": "[0-9]+"}}))
-    assert "onnx does not serve regex" in exc.value.message and "serve regex: vllm, llamacpp" in exc.value.message
-    assert exc.value.details["errors"][0]["field"] == "regex"
+        run(job(backend="onnx", sampling={"min_p": 0.3}))
+    assert "onnx does not serve min_p" in exc.value.message
+    assert "serve min_p: pytorch, vllm, llamacpp" in exc.value.message
+    assert exc.value.details["errors"][0]["field"] == "min_p"
 
 
-def test_a_feature_no_backend_that_runs_the_model_serves_is_refused_at_submit():
-    # hf-only: pytorch, vllm, tgi run it; only vllm serves min_p, and the job wants a CPU.
+def test_a_feature_only_a_backend_without_a_live_worker_serves_queues_for_it_or_is_refused():
+    # hf-only: pytorch, vllm and tgi run it; only vllm serves the prompt's logprobs (echo).
     cpu_only = FleetView(workers=[worker("pytorch", False, "hf-only")])
-    sel = run(job("hf-only", hardware="cpu", sampling={"min_p": 0.2}), cpu_only)
+    echo = {"prompt_logprobs": 1, "max_tokens": 1}
+    sel = run(job("hf-only", hardware="cpu", sampling=echo), cpu_only)
     assert sel.backend == "vllm"  # queued for the one that serves it (policy fallback, none live)
-    with pytest.raises(UnsupportedByBackendError, match="onnx does not serve min_p"):
-        run(job("all", backend="onnx", sampling={"min_p": 0.2}))
+    with pytest.raises(UnsupportedByBackendError, match="pytorch does not serve echo"):
+        run(job("hf-only", backend="pytorch", sampling=echo), cpu_only)
+
+
+def test_n_answers_are_served_by_the_fleets_engines_not_a_remote_server():
+    with pytest.raises(UnsupportedByBackendError, match="tgi does not serve n"):
+        run(job(backend="tgi", sampling={"n": 3}))
+    assert run(job(sampling={"n": 3})).backend == "vllm"  # the tree's GPU choice, past tgi
 
 
 def test_tool_choice_auto_is_refused_at_submit_naming_the_models_template():

@@ -143,7 +143,9 @@ def test_structured_outputs_are_read_from_openais_field_and_vllms(fields, kind):
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, None),
         ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, None),
         ({"messages": [{"role": "tool", "content": "12 C"}]}, "messages.0"),  # no tool_call_id
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
+        ({"functions": [{"name": "f"}]}, "functions"),  # the legacy form of tools
+        ({"audio": {"voice": "alloy"}}, "audio"),
         ({"seed": 2**64}, "seed"),
         ({"seed": -1}, "seed"),
         ({"presence_penalty": 3}, "presence_penalty"),
@@ -165,7 +167,7 @@ def test_what_the_fleet_does_not_serve_or_cannot_be_is_refused_naming_the_field(
     field = exc.value.details["errors"][0]["field"]
     if param:
         assert field.startswith(param), field
-    assert isinstance(exc.value, UnsupportedParameterError) == (param == "n")
+    assert isinstance(exc.value, UnsupportedParameterError) == (param in ("functions", "audio"))
 
 
 def test_a_named_tool_choice_holds_the_answer_to_that_functions_parameters_and_tells_the_model():

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from core.backends import BackendSpec, SpeculativeConfig
-from core.errors import JobTimeoutError, JobValidationError, UnsupportedByBackendError
-from core.jobs import GenerationJob, check_context
+from core.errors import EngineError, JobTimeoutError, JobValidationError, UnsupportedByBackendError
+from core.jobs import SEED_MAX, GenerationJob, check_context
 from core.registry import ModelSpec
 from workers.engines.decoding import stop_cut
 from workers.engines.request import CancelSource, EngineOutput, EngineRequest, never_cancelled
@@ -162,16 +162,42 @@ class Engine(ABC, Generic[SpecT]):
         """Run one job to completion (blocking the calling task thread); past ``timeout``
         the job is dropped from the engine and JobTimeoutError raised. ``on_text`` gets
         the text as it is generated, in deltas."""
-        request = self.request_for(job, on_text)
+        requests = self.requests_for(job, on_text)
         with self.counted_in_flight():
-            self.submit(request)
+            for request in requests:
+                self.submit(request)
+            deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                return request.future.result(timeout=timeout)
+                outs = [
+                    r.future.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+                    for r in requests
+                ]
             except FutureTimeout:
-                request.aborted = True
+                for r in requests:
+                    r.aborted = True
                 raise JobTimeoutError(
                     f"job {job.id} exceeded the {timeout:g} s time limit", {"time_limit_s": timeout}
                 ) from None
+        if len(outs) > 1:
+            outs[0].choices = outs
+        return outs[0]
+
+    def requests_for(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> list[EngineRequest]:
+        """The job's requests: one, or one per answer when it asks for n (each its own
+        seed, seed + i, when it gives one). The engine runs them as any requests: those
+        that keep prefixes evaluate the shared prompt once (llama.cpp holds the others
+        back until the first's prompt state is saved, then loads it)."""
+        s = job.sampling
+        if s.n == 1:
+            return [self.request_for(job, on_text)]
+        requests = []
+        for i in range(s.n):
+            seed = None if s.seed is None else (s.seed + i) % (SEED_MAX + 1)
+            one = job.model_copy(update={"sampling": s.model_copy(update={"n": 1, "seed": seed})})
+            request = self.request_for(one, on_text if i == 0 else None)
+            request.index = i
+            requests.append(request)
+        return requests
 
     def request_for(self, job: GenerationJob, on_text: Callable[[str], None] | None = None) -> EngineRequest:
         """The job as the scheduler's request: its prompt encoded and checked against the
@@ -216,6 +242,8 @@ class Engine(ABC, Generic[SpecT]):
         """Hand one job to the scheduler without waiting for it (the jobs of a group
         message start together: workers.running.group). It counts as in flight until its future
         completes; the caller waits on ``request.future`` and sets ``aborted`` to give up."""
+        if job.sampling.n > 1:  # the dispatcher sends such a job alone (dispatcher.grouping)
+            raise EngineError(f"job {job.id} asks for n={job.sampling.n}: it runs alone, not in a group")
         request = self.request_for(job, on_text)
         with self._lock:
             self._in_flight += 1

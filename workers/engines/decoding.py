@@ -56,7 +56,7 @@ def batch_key(request: EngineRequest) -> Hashable:
     shared = (s.top_k, s.min_p, s.repetition_penalty, structured)
     if s.greedy:
         return ("greedy", *shared)
-    return ("sample", s.temperature, s.top_p, s.seed if s.seed is None else (s.seed, request.job_id), *shared)
+    return ("sample", s.temperature, s.top_p, s.seed if s.seed is None else (s.seed, request.request_id), *shared)
 
 
 def append_token(engine: Decoder, req: EngineRequest, tok: int, eos: set[int], now: float | None = None) -> str | None:

@@ -34,6 +34,7 @@ class EngineOutput:
     cached_tokens: int = 0  # prompt tokens served from a prefix cache
     completion_tokens: int | None = None  # when the engine has no token ids (a remote server's usage)
     speculative: dict[str, Any] | None = None  # method, target passes, accepted tokens
+    choices: list[EngineOutput] | None = None  # n > 1: every answer's output, this one first
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when the job asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None: the first)
     echo_text: str | None = None  # the prompt as text, for an echo
@@ -46,6 +47,7 @@ class EngineRequest:
     job_id: str
     prompt_ids: list[int]
     sampling: SamplingParams
+    index: int = 0  # which of the job's n answers
     future: Future = field(default_factory=Future)
     tokens: list[int] = field(default_factory=list)
     first_token_at: float | None = None
@@ -62,6 +64,11 @@ class EngineRequest:
     logprobs: list[TokenLogprob] | None = None
     echo: bool = False  # the answer starts with the prompt
     prompt_logprobs: list[TokenLogprob | None] | None = None  # filled while the prompt is evaluated (echo)
+
+    @property
+    def request_id(self) -> str:
+        """Unique among the engine's requests (a job's n answers are n requests)."""
+        return self.job_id if self.index == 0 else f"{self.job_id}#{self.index}"
 
 
 def fail_requests(requests: list[EngineRequest], exc: BaseException) -> None:

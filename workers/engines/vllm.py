@@ -266,7 +266,7 @@ class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
 
         params = to_vllm_sampling(r.sampling, RequestOutputKind.DELTA)
         prompt = TokensPrompt(prompt_token_ids=r.prompt_ids)
-        async for out in self.llm.generate(prompt, params, request_id=r.job_id):
+        async for out in self.llm.generate(prompt, params, request_id=r.request_id):
             completion = out.outputs[0]
             if r.prompt_logprobs is not None and out.prompt_logprobs and len(r.prompt_logprobs) == 1:
                 r.prompt_logprobs += [
@@ -292,7 +292,7 @@ class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
                 r.finish_reason = reason if reason in ("stop", "length") else "cancelled"
                 break
             if r.aborted or self.cancelled([r.job_id]):
-                await self.llm.abort(r.job_id)
+                await self.llm.abort(r.request_id)
                 r.finish_reason = "cancelled"
                 break
         else:

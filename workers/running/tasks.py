@@ -20,7 +20,7 @@ from celery.signals import task_postrun, task_received
 
 from core.celery_app import GENERATE_TASK, group_members
 from core.errors import EngineError, InvalidMessageError, JobError
-from core.jobs import GenerationJob, JobResult, Selection, Timings, ToolCall, Usage
+from core.jobs import Choice, GenerationJob, JobResult, Selection, Timings, ToolCall, Usage
 from core.records import line_record
 from core.store.dead_letters import DeadLetters
 from core.store.hints import PrefixHints
@@ -163,7 +163,7 @@ def _begin(rt: Runtime, job: GenerationJob) -> Begin:
 def build_result(
     job: GenerationJob, selection: Selection, out: EngineOutput, started: float, worker: str, attempt: int
 ) -> JobResult:
-    completion_tokens = len(out.token_ids) if out.completion_tokens is None else out.completion_tokens
+    completion_tokens = sum(tokens_of(o) for o in out.choices or [out])
     return JobResult(
         id=job.id,
         status="cancelled" if out.finish_reason == "cancelled" else "completed",
@@ -189,6 +189,22 @@ def build_result(
         tool_calls=calls_of(job, out),
         echo_text=out.echo_text,
         prompt_logprobs=out.prompt_logprobs,
+        choices=None if out.choices is None else [choice_of(job, i, o) for i, o in enumerate(out.choices)],
+    )
+
+
+def tokens_of(out: EngineOutput) -> int:
+    return len(out.token_ids) if out.completion_tokens is None else out.completion_tokens
+
+
+def choice_of(job: GenerationJob, index: int, out: EngineOutput) -> Choice:
+    return Choice(
+        index=index,
+        text=out.text,
+        token_ids=out.token_ids,
+        finish_reason=out.finish_reason,  # type: ignore[arg-type]
+        logprobs=out.logprobs,
+        tool_calls=calls_of(job, out),
     )
 
 
