@@ -1,5 +1,10 @@
 """Server-sent events: OpenAI's stream chunks for chat and text completions.
 
+The first answer's text streams as it is generated; what cannot (tool calls, which are
+read from the whole answer; logprobs, which travel with the result; the other answers of
+``n``) comes whole in chunks just before each answer's finish chunk. The SDKs accumulate
+chunks per index, so a client reads the same answer either way.
+
 A client that hangs up is noticed even while nothing is being sent (its job still queued
 or in prefill): under uvicorn's ASGI 2.3 scope Starlette's StreamingResponse listens for
 the disconnect and cancels the body, whose ``finally`` cancels the job
@@ -12,8 +17,16 @@ import json
 import time
 from typing import Any
 
-from core.jobs import JobResult
-from core.records import CHAT_URL, finish_reason, tool_calls_body, usage_body
+from core.jobs import Choice, JobResult
+from core.records import (
+    CHAT_URL,
+    answers,
+    chat_logprobs,
+    choice_finish,
+    completion_logprobs,
+    tool_calls_body,
+    usage_body,
+)
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -55,6 +68,29 @@ class Chunks:
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
 
+    def _rest(self, result: JobResult, choice: Choice) -> dict[str, Any] | None:
+        """One answer's part that was not streamed as it was generated (None: nothing)."""
+        streamed = choice.index == 0 and not self.tools  # the first answer's text went out in deltas
+        if not self.chat:
+            logprobs = completion_logprobs(result, choice)
+            if streamed and logprobs is None:
+                return None
+            return {
+                "index": choice.index,
+                "text": "" if streamed else choice.text,
+                "logprobs": logprobs,
+                "finish_reason": None,
+            }
+        delta: dict[str, Any] = {} if choice.index == 0 else {"role": "assistant"}
+        if choice.tool_calls:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(tool_calls_body(choice.tool_calls))]
+        elif not streamed:
+            delta["content"] = choice.text
+        logprobs = chat_logprobs(choice.logprobs)
+        if not delta and logprobs is None:
+            return None
+        return {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+
     def start(self) -> str | None:
         """Chat streams open with the assistant's role, as OpenAI's do."""
         return sse(self._chunk([self._choice("", None, first=True)])) if self.chat else None
@@ -63,12 +99,16 @@ class Chunks:
         return "" if self.tools else sse(self._chunk([self._choice(text, None)]))
 
     def finish(self, result: JobResult) -> str:
+        """The end of the answer: what was not streamed token by token (tool calls, the
+        logprobs, the other n - 1 answers, each whole under its index), each answer's
+        finish chunk, the usage if asked."""
         out = ""
-        if self.tools:
-            calls = [{"index": i, **call} for i, call in enumerate(tool_calls_body(result.tool_calls))]
-            delta = {"tool_calls": calls} if calls else {"content": result.text}
-            out += sse(self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]))
-        out += sse(self._chunk([self._choice(None, finish_reason(result))]))
+        for choice in answers(result):
+            rest = self._rest(result, choice)
+            if rest is not None:
+                out += sse(self._chunk([rest]))
+            finish = self._choice(None, choice_finish(choice))
+            out += sse(self._chunk([{**finish, "index": choice.index}]))
         if self.include_usage:
             out += sse({**self._chunk([]), "usage": usage_body(result.usage)})
         return out + DONE

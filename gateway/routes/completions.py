@@ -78,12 +78,11 @@ def request_job(body: dict[str, Any], url: str, default_max_tokens: int) -> tupl
     """The body read as every door reads it (a 400 naming the field if it is refused)."""
     req = parse_request(url, body)
     job = req.to_job(default_max_tokens, id=uuid.uuid4().hex)
-    for field, asked in (("logprobs", job.sampling.logprobs is not None), ("n", job.sampling.n > 1)):
-        if req.stream and asked:
-            raise UnsupportedParameterError(
-                f"{field} is not streamed yet: ask without stream, or without {field}",
-                {"errors": [{"field": field, "message": "not served with stream: true"}]},
-            )
+    if req.stream and job.echo:
+        raise UnsupportedParameterError(
+            "echo is not streamed: ask without stream, or without echo",
+            {"errors": [{"field": "echo", "message": "not served with stream: true"}]},
+        )
     return req, job
 
 

@@ -208,10 +208,10 @@ def test_bad_requests_get_openais_errors_naming_the_field(sdk, gateway):
         sdk.chat.completions.create(model="no-such-model", messages=ASK)
     assert missing.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as exc:
-        sdk.chat.completions.create(model=MODEL, messages=ASK, tools=[{"type": "function", "function": {"name": "f"}}])
-    assert exc.value.body["param"] == "tools" and exc.value.code == "unsupported_parameter"
+        sdk.chat.completions.create(model=MODEL, messages=ASK, functions=[{"name": "f"}])  # the legacy form of tools
+    assert exc.value.body["param"] == "functions" and exc.value.code == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError) as exc:
-        sdk.chat.completions.create(model=MODEL, messages=ASK, n=2)
+        sdk.chat.completions.create(model=MODEL, messages=ASK, n=17)
     assert exc.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as exc:
         sdk.chat.completions.create(model=MODEL, messages=ASK, extra_body={"backend": "nope"})

@@ -256,6 +256,23 @@ def test_n_answers_come_as_n_choices_each_seeded_and_counted(sdk):
     assert len(greedy.choices) == 2 and greedy.choices[0].text == greedy.choices[1].text
 
 
+def test_streamed_logprobs_and_n_answers_add_up_to_the_plain_answer(sdk):
+    args = {"model": MODEL, "messages": ask("Name two colours."), "max_tokens": 10, "temperature": 0}
+    plain = sdk.chat.completions.create(**args, n=2, logprobs=True, top_logprobs=2)
+    texts: dict[int, str] = {}
+    logprobs: dict[int, list] = {}
+    finishes: dict[int, str] = {}
+    for chunk in sdk.chat.completions.create(**args, n=2, logprobs=True, top_logprobs=2, stream=True):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            logprobs.setdefault(c.index, []).extend(c.logprobs.content if c.logprobs and c.logprobs.content else [])
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    for choice in plain.choices:
+        assert texts[choice.index] == choice.message.content and finishes[choice.index] == choice.finish_reason
+        assert [t.token for t in logprobs[choice.index]] == [t.token for t in choice.logprobs.content]
+
+
 def test_completion_logprobs_come_in_openais_legacy_shape(sdk):
     answer = sdk.completions.create(
         model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2
@@ -316,8 +333,6 @@ def test_logit_bias_moves_the_first_token(sdk, gateway):
         ({"seed": 2**64}, "seed", "less than or equal"),
         ({"backend": "onnx", "logit_bias": {"5": 1}}, "logit_bias", "onnx does not serve logit_bias"),
         ({"backend": "onnx", "extra_body": {"min_p": 0.1}}, "min_p", "serve min_p: pytorch, vllm, llamacpp"),
-        ({"logprobs": True, "stream": True}, "logprobs", "not streamed"),
-        ({"n": 3, "stream": True}, "n", "not streamed"),
         ({"n": 17}, "n", "less than or equal to 16"),
     ],
 )
