@@ -4,6 +4,7 @@ and stop handling, and refusing a bad model file."""
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +13,9 @@ import numpy as np
 import pytest
 
 from core.backends import load_backends
+from core.errors import JobValidationError
 from core.jobs import GenerationJob
+from workers.engines.grammar import closed
 from workers.engines.llamacpp.engine import LlamaCppEngine, check_gguf_file
 
 pytestmark = pytest.mark.integration
@@ -356,3 +359,70 @@ def test_n_answers_share_one_prefill_and_each_has_its_seed(engine):
     assert evaluated <= out.prompt_tokens + 3, (evaluated, out.prompt_tokens)
     alone = engine.generate(job(messages, temperature=1.0, seed=5, max_tokens=12))
     assert out.choices[2].token_ids == alone.token_ids  # answer i is seeded seed + i
+
+
+NESTED = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer"},
+        "colour": {"type": "string", "enum": ["red", "green", "blue"]},
+        "pets": {
+            "type": "array",
+            "maxItems": 2,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "kind": {"type": "string", "enum": ["cat", "dog"]},
+                    "name": {"type": "string", "maxLength": 12},
+                },
+                "required": ["kind", "name"],
+            },
+        },
+    },
+    "required": ["name", "age", "colour", "pets"],
+}
+
+
+def valid(value: dict) -> bool:
+    """Whether ``value`` matches NESTED (written out: jsonschema is not a dependency here)."""
+    return (
+        set(value) == {"name", "age", "colour", "pets"}
+        and isinstance(value["name"], str)
+        and len(value["name"]) <= 24
+        and isinstance(value["age"], int)
+        and value["colour"] in ("red", "green", "blue")
+        and len(value["pets"]) <= 2
+        and all(
+            set(p) == {"kind", "name"} and p["kind"] in ("cat", "dog") and len(p["name"]) <= 12 for p in value["pets"]
+        )
+    )
+
+
+def test_fifty_structured_answers_all_match_a_nested_schema_batched(engine):
+    structured = {"kind": "json_schema", "json_schema": NESTED}
+    jobs = [
+        job(chat(f"Describe person number {i} and their pets as JSON."), max_tokens=120, structured=structured)
+        for i in range(50)
+    ]
+    with ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(engine.generate, jobs))
+    assert all(o.finish_reason == "stop" for o in outs), [o.text for o in outs if o.finish_reason != "stop"][:2]
+    assert all(valid(json.loads(o.text)) for o in outs)
+
+
+def test_greedy_structured_output_is_llama_cpp_pythons_own_with_the_same_schema(engine):
+    for p in ("Describe a person as JSON.", "Invent a pet owner.", "A user profile, please."):
+        ours = engine.generate(job(chat(p), max_tokens=120, structured={"kind": "json_schema", "json_schema": NESTED}))
+        theirs = engine.llm.create_chat_completion(
+            messages=chat(p),
+            temperature=0,
+            max_tokens=120,
+            response_format={"type": "json_object", "schema": closed(NESTED)},  # as vLLM reads it
+        )
+        assert ours.text == theirs["choices"][0]["message"]["content"], p
+
+
+def test_a_schema_the_grammar_engine_cannot_compile_is_the_jobs_error(engine):
+    with pytest.raises(JobValidationError, match="structured_outputs.regex: the grammar engine cannot compile it"):
+        engine.generate(job(chat("hi"), structured={"kind": "regex", "regex": "(unclosed"}))

@@ -65,6 +65,21 @@ class Pet(BaseModel):
     legs: int
 
 
+class Continent(str, Enum):
+    europe = "Europe"
+    asia = "Asia"
+    africa = "Africa"
+    america = "America"
+
+
+class City(BaseModel):
+    """A small schema with bounded strings (a small model can loop inside an open one)."""
+
+    name: str = Field(max_length=24)
+    continent: Continent
+    population_millions: int
+
+
 class Person(BaseModel):
     """A nested schema: an enum, an array of objects, required fields."""
 
@@ -480,3 +495,33 @@ def test_lm_evaluation_harness_runs_a_loglikelihood_task_with_llama_cpps_accurac
     theirs, picks = reference_accuracy(hf_dir, docs)
     assert ours == pytest.approx(theirs, abs=1 / len(docs) + 1e-9), (ours, theirs, picks)
     assert ours >= 0.5  # the task is easy: a broken logprob (an offset, a wrong row) scores near chance
+
+
+def test_langchains_structured_output_in_its_three_methods_and_a_bound_tools_round_trip(gateway):
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        base_url=f"{gateway.url}/v1", api_key=KEY, model=MODEL, temperature=0, max_tokens=200, max_retries=0
+    )
+    for method in ("json_schema", "function_calling"):
+        city = llm.with_structured_output(City, method=method).invoke("Tell me about Paris.")
+        assert isinstance(city, City) and city.continent in Continent, method
+    anything = llm.with_structured_output(None, method="json_mode").invoke(
+        'Reply with a JSON object whose key "greeting" says hello.'
+    )
+    assert isinstance(anything, dict)
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        return f"12 C and windy in {city}"
+
+    question = HumanMessage("What is the weather in Oslo?")
+    asked = llm.bind_tools([get_weather], tool_choice="get_weather").invoke([question])
+    (call,) = asked.tool_calls
+    assert call["name"] == "get_weather" and isinstance(call["args"].get("city"), str)
+    result = ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])
+    answer = llm.invoke([question, asked, result])
+    assert isinstance(answer.content, str) and answer.content

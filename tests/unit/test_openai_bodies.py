@@ -257,3 +257,16 @@ def test_json_depth_is_measured_without_recursion():
     for _ in range(100_000):  # deeper than Python's recursion limit
         deep = [deep]
     assert depth(deep, 32) > 32
+
+
+def test_a_schema_is_closed_where_it_does_not_say_otherwise_as_vllm_reads_it():
+    from workers.engines.grammar import closed
+
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}},
+        "$defs": {"Open": {"type": "object", "properties": {}, "additionalProperties": True}},
+    }
+    out = closed(schema)
+    assert out["additionalProperties"] is False and out["properties"]["a"]["additionalProperties"] is False
+    assert out["$defs"]["Open"]["additionalProperties"] is True and "additionalProperties" not in schema

@@ -32,6 +32,22 @@ CACHE_BYTES = 256 * 2**20  # compiled grammars kept across jobs
 JsonGrammar = Callable[[dict[str, Any] | None], str]
 
 
+def closed(schema: Any) -> Any:
+    """The schema with each object that lists its properties closed to others, unless it
+    says ``additionalProperties`` itself: how vLLM (xgrammar's strict mode) and OpenAI's
+    strict mode read a schema, so the same request means the same on every engine. Left
+    open, llama.cpp's converter lets a model add keys until max_tokens (LangChain sends
+    such schemas)."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 class Grammars:
     """The compiler for one engine's vocabulary, with its cache of compiled grammars."""
 

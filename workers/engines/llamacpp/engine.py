@@ -25,7 +25,7 @@ from core.backends import LlamaCppSpec
 from core.errors import EngineError
 from core.jobs import GenerationJob
 from workers.engines.base import Engine, ModelArtifactError
-from workers.engines.grammar import Grammars
+from workers.engines.grammar import Grammars, closed
 from workers.engines.llamacpp.scheduler import ContextShape, Scheduler
 from workers.engines.prefix_cache import PrefixStateCache
 from workers.engines.request import EngineRequest
@@ -53,7 +53,7 @@ def llama_json_grammar(schema: dict[str, Any] | None) -> str:
     """llama.cpp's own JSON grammar: its schema converter, or any object (JSON mode, the
     grammar llama-cpp-python uses for it). GBNF's empty first alternative (``ws ::= | " "``)
     is written as an empty string, which xgrammar's parser needs."""
-    gbnf = llama_grammar.JSON_GBNF if schema is None else llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    gbnf = llama_grammar.JSON_GBNF if schema is None else llama_grammar.json_schema_to_gbnf(json.dumps(closed(schema)))
     return EMPTY_FIRST_ALTERNATIVE.sub('::= "" |', gbnf)
 
 
