@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Depends, Request
 
+from core.backends import load_backends
 from core.errors import UnknownModelError
 from core.fleet import FleetView
 from core.registry import ModelSpec
@@ -22,12 +23,18 @@ def model_object(spec: ModelSpec, fleet: FleetView) -> dict[str, Any]:
     live: dict[str, int] = {}
     for w in fleet.live(model=spec.name):
         live[w.backend] = live.get(w.backend, 0) + 1
+    specs = load_backends()
+    serves = {b: sorted(specs[b].SERVES) for b in live}
     return {
         "id": spec.name,
         "object": "model",
         "created": 0,
         "owned_by": "inference-backend",
         "backends": live,  # backend → live workers serving it
+        # the request features those backends serve (json_schema, tools via it, logprobs,
+        # n, ...), all together and by backend (docs/gateway.md has the table)
+        "capabilities": sorted({f for fs in serves.values() for f in fs}),
+        "capabilities_by_backend": serves,
         "context_length": spec.context_length,
         "chat": spec.chat,
     }

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from core.backends import load_backends
 from core.jobs import BACKENDS
+from core.openai_bodies import CHAT_URL, COMPLETIONS_URL, parse_request
+from core.settings import fleet_config
 from ops.console import ModelOpt, console, print_results
 from ops.console import client as _client
 
@@ -72,10 +76,19 @@ def explain(
     throughput: ThroughputOpt = None,
     hardware: HardwareOpt = None,
     backend: BackendOpt = None,
+    body: Annotated[
+        str | None,
+        typer.Option(
+            "--body",
+            help="an OpenAI chat or completions request body (JSON, or @FILE), read as `ib serve` reads it:"
+            " where that request would go (its features: json_schema, tools, logprobs, n, ...)",
+        ),
+    ] = None,
 ) -> None:
     """Show where a job would go and why, without running it."""
     options = JobOptions(model, prompt, message, max_tokens, temperature, latency_ms, throughput, hardware, backend)
-    sel = _client().explain(options.job())
+    job = options.job() if body is None else body_job(body)
+    sel = _client().explain(job)
     table = Table(title=f"decision for {model}: {sel.backend} on queue {sel.queue}")
     table.add_column("step")
     table.add_column("answer")
@@ -84,6 +97,22 @@ def explain(
         table.add_row(step.check, step.answer, step.detail)
     console.print(table)
     console.print(f"engine config: {json.dumps(sel.config)}")
+    console.print(
+        f"{sel.backend} serves: {', '.join(sorted(load_backends()[sel.backend].SERVES)) or 'none of the features'}"
+    )
+
+
+def body_job(text: str) -> dict[str, Any]:
+    """A request body given on the command line (or @FILE) as the job the gateway makes of it."""
+    raw = Path(text[1:]).read_text() if text.startswith("@") else text
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"--body is not JSON: {exc.msg} (column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter("--body must be a JSON object (a chat or completions request body)")
+    url = CHAT_URL if "messages" in data else COMPLETIONS_URL
+    return parse_request(url, data).to_job(fleet_config().gateway.default_max_tokens).model_dump()
 
 
 def submit(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,6 +45,25 @@ def test_ib_explain_prints_the_path(redis_url):
     assert out.returncode == 0, out.stderr
     assert "GPU available?" in out.stdout and "job hint: cpu" in out.stdout
     assert "latency target < 100 ms?" in out.stdout and "onnx" in out.stdout
+
+
+def test_ib_explain_reads_an_openai_body_and_shows_the_feature_constraint(redis_url, tmp_path):
+    body = {
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "logit_bias": {"5": 2},
+        "latency_target_ms": 50,
+        "hardware": "cpu",
+    }
+    (tmp_path / "body.json").write_text(json.dumps(body).replace('"hardware": "cpu"', '"backend": null'))
+    out = ib("explain", "--body", json.dumps({k: v for k, v in body.items() if k != "hardware"}), redis_url=redis_url)
+    assert out.returncode == 0, out.stderr
+    flat = " ".join(out.stdout.split())
+    assert "features" in flat and "needs logit_bias" in flat and "serves:" in flat
+    from_file = ib("explain", "--body", f"@{tmp_path / 'body.json'}", redis_url=redis_url)
+    assert from_file.returncode == 0 and "needs logit_bias" in " ".join(from_file.stdout.split())
+    bad = ib("explain", "--body", '{"model": "smollm2-135m", "messages": [], "n": 99}', redis_url=redis_url)
+    assert bad.returncode != 0 and "Traceback" not in bad.stdout + bad.stderr
 
 
 def test_ib_explain_refuses_an_unknown_model(redis_url):

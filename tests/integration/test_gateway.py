@@ -63,6 +63,10 @@ def test_models_lists_the_registry_with_the_backends_that_have_live_workers(sdk)
     assert MODEL in models and "smollm2-135m-draft" in models
     assert models[MODEL].model_extra["backends"] == {"llamacpp": 1}
     assert models["smollm2-135m-draft"].model_extra["backends"] == {}
+    capabilities = models[MODEL].model_extra["capabilities"]
+    assert {"json_schema", "logprobs", "n", "echo"} <= set(capabilities)  # what its live llama.cpp worker serves
+    assert models[MODEL].model_extra["capabilities_by_backend"] == {"llamacpp": capabilities}
+    assert models["smollm2-135m-draft"].model_extra["capabilities"] == []
     assert sdk.models.retrieve(MODEL).id == MODEL
 
 
