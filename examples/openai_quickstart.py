@@ -3,7 +3,8 @@ model's name. Point it at the fleet's gateway with the SDK's own environment var
 
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=<your key> python examples/openai_quickstart.py
 
-It asks one chat question, streams another, then runs a small offline batch through
+It asks one chat question, streams another, asks for an answer shaped by a pydantic model
+(structured output) and for a tool call, then runs a small offline batch through
 /v1/files and /v1/batches and prints the results file.
 """
 
@@ -13,6 +14,7 @@ import os
 import time
 
 from openai import OpenAI
+from pydantic import BaseModel, Field
 
 client = OpenAI()
 model = os.environ.get("MODEL", "smollm2-135m")
@@ -30,6 +32,34 @@ for chunk in stream:
     if chunk.choices and chunk.choices[0].delta.content:
         print(chunk.choices[0].delta.content, end="", flush=True)
 print()
+
+class City(BaseModel):
+    name: str = Field(max_length=24)
+    country: str = Field(max_length=24)
+
+
+parsed = client.chat.completions.parse(
+    model=model, messages=[{"role": "user", "content": "Tell me about Paris."}], response_format=City, temperature=0
+)
+print("structured:", parsed.choices[0].message.parsed)
+
+weather = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+called = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+    tools=[weather],
+    tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    temperature=0,
+)
+call = called.choices[0].message.tool_calls[0]
+print(f"tool call: {call.function.name}({call.function.arguments})")
 
 questions = ["Name a primary colour.", "What is 7 times 6?", "Say hello in German."]
 requests = "".join(

@@ -353,6 +353,7 @@ def test_an_unmodified_openai_sdk_script_runs_against_the_gateway(gateway):
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "chat: " in out.stdout and "stream: " in out.stdout
+    assert "structured: name=" in out.stdout and "tool call: get_weather({" in out.stdout
     assert "completed, 3/3 completed" in out.stdout and "  q2: " in out.stdout
 
 

@@ -33,7 +33,7 @@ import httpx
 import openai
 
 from core.backends import TgiSpec
-from core.errors import ContextOverflowError, EngineError, JobTimeoutError
+from core.errors import ContextOverflowError, EngineError, JobTimeoutError, UnsupportedByBackendError
 from core.jobs import GenerationJob, StructuredOutput
 from workers.engines.base import Engine
 from workers.engines.request import EngineOutput
@@ -107,6 +107,11 @@ class TgiEngine(Engine[TgiSpec]):
     def generate(
         self, job: GenerationJob, timeout: float | None = None, on_text: Callable[[str], None] | None = None
     ) -> EngineOutput:
+        if job.echo and job.prompt is None:  # the prompt's text is the server's to know
+            raise UnsupportedByBackendError(
+                "tgi does not serve echo of a prompt given as token ids (send the text, or use another backend)",
+                {"backend": "tgi", "unsupported": ["echo"]},
+            )
         with self.counted_in_flight():
             attempts = self.config.request_retries + 1
             for attempt in range(1, attempts + 1):
@@ -207,4 +212,5 @@ class TgiEngine(Engine[TgiSpec]):
             first_token_at=first_token_at,
             finished_at=time.time(),
             completion_tokens=usage.completion_tokens if usage else pieces,
+            echo_text=job.prompt if job.echo else None,
         )
