@@ -33,6 +33,7 @@ for chunk in stream:
         print(chunk.choices[0].delta.content, end="", flush=True)
 print()
 
+
 class City(BaseModel):
     name: str = Field(max_length=24)
     country: str = Field(max_length=24)

@@ -20,6 +20,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from conftest import ARTIFACTS, start_worker
+from core.errors import JobValidationError
 from core.registry import ModelRegistry
 from ops.local.processes import GatewayProcess
 
@@ -525,3 +526,20 @@ def test_langchains_structured_output_in_its_three_methods_and_a_bound_tools_rou
     result = ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])
     answer = llm.invoke([question, asked, result])
     assert isinstance(answer.content, str) and answer.content
+
+
+def test_the_python_client_reads_a_body_as_the_gateway_does(sdk, client):
+    body = {
+        "model": MODEL,
+        "messages": ask('Reply with a JSON object whose key "greeting" says hello.'),
+        "response_format": {"type": "json_object"},
+        "temperature": 0,
+        "max_tokens": 200,
+    }
+    ours = client.create(body).result(timeout=120)
+    theirs = sdk.chat.completions.create(**body)
+    assert ours.text == theirs.choices[0].message.content and isinstance(json.loads(ours.text), dict)
+    completion = client.create({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})
+    assert completion.result(timeout=120).usage.completion_tokens == 4  # a prompt: /v1/completions' reading
+    with pytest.raises(JobValidationError, match="seed"):
+        client.create({"model": MODEL, "prompt": "Hi", "seed": -1})
