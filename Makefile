@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-peers bench-inprocess bench-contention bench-ttft bench-chaos bench-profiles clean
+.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-peers bench-inprocess bench-contention bench-ttft bench-chaos bench-profiles bench-structured bench-guidellm clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,15 @@ bench-speculative: install
 # The HTTP gateway vs the Python client vs llama.cpp's own llama-server (built once, cached).
 bench-gateway: install
 	$(PY) -m bench.gateway
+
+# Structured outputs: constrained vs plain on each engine, grammar compile time, and the
+# llama.cpp worker behind `ib serve` vs llama-server with the same json_schema.
+bench-structured: install
+	$(PY) -m bench.structured
+
+# guidellm (in a venv of its own: scripts/guidellm.sh) against `ib serve` and llama-server.
+bench-guidellm: install
+	$(PY) -m bench.guidellm
 
 # The fleet against the engine's own server: the llama.cpp worker vs llama-server; the
 # ONNX and vLLM workers vs their engines' own in-process loops; every backend's TTFT vs

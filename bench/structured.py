@@ -135,6 +135,9 @@ def engines_part(args: argparse.Namespace, texts: list[str]) -> dict:
                             got = engine_arm(engine, texts, args.max_tokens, structured, concurrency)
                         runs.setdefault(f"{name}@{concurrency}", []).append(got)
             out[backend] = runs
+            console.print(f"{backend}: " + json.dumps({k: [round(x["tok_s"], 1) for x in v] for k, v in runs.items()}))
+        except Exception as exc:  # noqa: BLE001 - one engine's failure is reported, the rest still measured
+            console.print(f"[red]{backend}: failed ({type(exc).__name__}: {str(exc)[:300]})")
         finally:
             engine.close()
     return out

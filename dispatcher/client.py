@@ -118,9 +118,7 @@ class Client:
     def submit(self, job: GenerationJob | dict[str, Any] | None = None, **fields: Any) -> JobHandle:
         return self.submit_many([self._parse(job, fields)])[0]
 
-    def create(
-        self, body: dict[str, Any], url: str | None = None, max_tokens: int = DEFAULT_MAX_TOKENS
-    ) -> JobHandle:
+    def create(self, body: dict[str, Any], url: str | None = None, max_tokens: int = DEFAULT_MAX_TOKENS) -> JobHandle:
         """Submit an OpenAI chat or text completion body (``url``: its endpoint; by default
         chat if it has messages), read exactly as ``ib serve`` and a batch line read it:
         OpenAI's defaults (temperature 1), vLLM's extensions, the same refusals

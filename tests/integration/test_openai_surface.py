@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 from enum import Enum
 from pathlib import Path
@@ -543,3 +546,47 @@ def test_the_python_client_reads_a_body_as_the_gateway_does(sdk, client):
     assert completion.result(timeout=120).usage.completion_tokens == 4  # a prompt: /v1/completions' reading
     with pytest.raises(JobValidationError, match="seed"):
         client.create({"model": MODEL, "prompt": "Hi", "seed": -1})
+
+
+def guidellm_binary() -> str:
+    """guidellm from its own venv (scripts/guidellm.sh: made once, cached)."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "guidellm.sh"
+    out = subprocess.run([str(script), sys.executable], capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_guidellm_benchmarks_the_gateway_with_no_errored_request(gateway, hf_dir, tmp_path):
+    """guidellm sends ignore_eos with every request and stream_options' usage (vLLM's
+    extensions): at concurrency 1 and 8, on synthetic prompts made with a local tokenizer."""
+    scenario = {
+        "spec": {
+            "backend": {
+                "kind": "openai_http",
+                "target": gateway.url,
+                "model": MODEL,
+                "api_key": KEY,
+                "request_format": "/v1/chat/completions",
+            },
+            "profile": {"kind": "concurrent"},
+            "tokenizer": {"kind": "huggingface_auto", "model": str(hf_dir)},
+            "data": [{"kind": "synthetic_text", "prompt_tokens": 64, "output_tokens": 16}],
+            "constraints": [{"kind": "max_requests", "count": 16}],
+            "outputs": [{"kind": "json", "path": str(tmp_path / "report.json")}],
+        },
+        "benchmarks": [{"profile.streams": 1}, {"profile.streams": 8}],
+    }
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(scenario))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run(
+        [guidellm_binary(), "run", "--scenario", str(path), "--disable-progress"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    print(json.dumps(report)[:3000])

@@ -119,9 +119,14 @@ class BatchedEngine(HFTokenizerMixin, Engine[BatchedSpec]):
             "max_wait_ms": self.max_wait_s * 1000,
         }
 
+    @staticmethod
+    def batch_key(request: EngineRequest) -> Hashable:
+        """Which requests may share a batch (workers.engines.decoding.batch_key)."""
+        return batch_key(request)
+
     def start_scheduler(self) -> None:
         """Call at the end of load(), once the model is ready."""
-        self.queue: BatchQueue[EngineRequest] = BatchQueue(batch_key)
+        self.queue: BatchQueue[EngineRequest] = BatchQueue(self.batch_key)
         self._thread = threading.Thread(target=self._loop, name=f"{self.backend}-scheduler", daemon=True)
         self._thread.start()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from core.backends import OnnxSpec
 from core.errors import EngineError
 from core.jobs import StructuredOutput
 from workers.engines.batched import BatchedEngine
-from workers.engines.decoding import BatchProgress
+from workers.engines.decoding import BatchProgress, batch_key
 from workers.engines.onnx_process import GeneratorFailed, GeneratorProcess, special_ids
 from workers.engines.request import EngineRequest
 
@@ -100,6 +101,15 @@ class OnnxEngine(BatchedEngine[OnnxSpec]):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "format": getattr(self, "format", None)}
+
+    @staticmethod
+    def batch_key(request: EngineRequest) -> Hashable:
+        """A structured request runs alone: onnxruntime-genai's guidance fails the whole
+        batch when one row's grammar has ended and the others decode on ("compute_mask()
+        called after stop", onnxruntime-genai 0.18, measured with bench/structured.py)."""
+        if request.sampling.structured is not None:
+            return ("structured", request.request_id)
+        return batch_key(request)
 
     def run_batch(self, batch: list[EngineRequest]) -> None:
         width = max(len(r.prompt_ids) for r in batch)
