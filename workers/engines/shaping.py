@@ -48,9 +48,16 @@ class Shaper:
         self.bias = np.asarray(list(s.logit_bias.values()), dtype=np.float32)
         self.min_tokens, self.ignore_eos = s.min_tokens, s.ignore_eos
         self.accepted = 0  # tokens the grammar has been told of
+        self.penalized_sampler = penalized(s)  # the engine's sampler counts every draw (llama.cpp's penalties)
 
     def shape(self, row: np.ndarray, tokens: list[int]) -> None:
         """Change one logits row in place; ``tokens``: what the job generated so far."""
+        self.adjust(row, tokens)
+        if self.guide is not None:
+            self.guide.mask(row)
+
+    def adjust(self, row: np.ndarray, tokens: list[int]) -> None:
+        """Everything but the grammar's mask: penalties, bias, the EOS floor."""
         generated = len(tokens)
         if self.penalties:
             self._penalize(row, tokens)
@@ -59,8 +66,28 @@ class Shaper:
         grammar_done = self.guide is not None and self.guide.completed
         if (self.ignore_eos or generated < self.min_tokens) and not grammar_done and self.eos.size:
             row[self.eos] = -np.inf
-        if self.guide is not None:
+
+    def pick(self, row: np.ndarray, tokens: list[int], choose: Callable[[], int], checks_first: bool) -> int:
+        """The token taken from a row, the grammar told of it. ``choose`` picks from the
+        row as it stands (argmax, or the job's sampler). ``checks_first``: pick before
+        masking and mask only if the grammar refuses the pick, as llama.cpp's own sampler
+        does. Filling a mask costs ~0.2 to 4 ms a token on a 49k vocabulary (a grammar's
+        state), while the model's own pick is the grammar's far more often than not; the
+        result is the same (greedy: the best admitted token is the best token when it is
+        admitted; sampling: a refused draw is drawn again from the masked distribution,
+        which leaves each admitted token at its masked probability). Off for a job with
+        penalties, whose sampler would count the refused draw."""
+        self.adjust(row, tokens)
+        if self.guide is None:
+            tok = choose()
+        elif checks_first and self.guide.accept(tok := choose()):
+            self.accepted += 1
+            return tok
+        else:
             self.guide.mask(row)
+            tok = choose()
+        self.accept(tok)
+        return tok
 
     def _penalize(self, row: np.ndarray, tokens: list[int]) -> None:
         ids, counts = np.unique(np.asarray(tokens, dtype=np.int64), return_counts=True)

@@ -190,9 +190,11 @@ class Scheduler:
         reading = r.logprob_reader is not None and r.logprobs is not None
         logprobs = r.logprob_reader.read(row) if reading and r.logprob_reader is not None else None
         if r.shaper is not None:
-            r.shaper.shape(row, r.tokens)
-            tok = llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx) if s.sampler else int(row.argmax())
-            r.shaper.accept(tok)
+
+            def choose() -> int:
+                return llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx) if s.sampler else int(row.argmax())
+
+            tok = r.shaper.pick(row, r.tokens, choose, checks_first=not r.shaper.penalized_sampler)
         else:
             tok = self._plain_pick(s, idx)
         if logprobs is not None and r.logprob_reader is not None and r.logprobs is not None:
