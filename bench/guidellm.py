@@ -91,18 +91,19 @@ def run_guidellm(binary: str, spec: dict, workdir: Path) -> list[dict]:
 
 
 def figures(report: dict) -> list[dict]:
-    """Per benchmark of a guidellm JSON report: streams, output tok/s, TTFT p50, errors."""
+    """Per benchmark of a guidellm JSON report (in the scenario's order, STREAMS): output
+    tok/s (guidellm's own, over the benchmark), TTFT p50, requests errored."""
     rows = []
-    for bench in report["benchmarks"]:
+    for streams, bench in zip(STREAMS, report["benchmarks"], strict=True):
         metrics = bench["metrics"]
-        totals = bench.get("request_totals") or bench.get("scheduler_state", {})
+        totals = metrics["request_totals"]
         rows.append(
             {
-                "streams": bench["config"]["strategy"].get("streams"),
+                "streams": streams,
                 "output_tok_s": metrics["output_tokens_per_second"]["successful"]["mean"],
                 "ttft_p50_ms": metrics["time_to_first_token_ms"]["successful"]["median"],
-                "errored": totals.get("errored", totals.get("errored_requests", 0)),
-                "successful": totals.get("successful", totals.get("successful_requests")),
+                "errored": totals["errored"],
+                "successful": totals["successful"],
             }
         )
     return rows

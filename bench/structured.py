@@ -151,7 +151,7 @@ def compile_part(rounds: int) -> dict:
     try:
         grammars = engine.grammars
         cold, cached = [], []
-        for r in range(max(3, rounds)):
+        for _ in range(max(3, rounds)):
             extra = {f"note_{secrets.token_hex(4)}": {"type": "string", "maxLength": 8}}
             schema = {**SCHEMA, "properties": {**SCHEMA["properties"], **extra}}  # never seen: a cold compile
             t0 = time.perf_counter()

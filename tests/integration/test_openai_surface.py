@@ -589,4 +589,10 @@ def test_guidellm_benchmarks_the_gateway_with_no_errored_request(gateway, hf_dir
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    print(json.dumps(report)[:3000])
+    assert len(report["benchmarks"]) == 2  # concurrency 1, then 8
+    for bench in report["benchmarks"]:
+        totals = bench["metrics"]["request_totals"]
+        assert totals["errored"] == 0 and totals["incomplete"] == 0 and totals["successful"] == 16, totals
+        # ignore_eos served: every request generated exactly its 16 output tokens
+        tokens = bench["metrics"]["output_token_count"]["successful"]
+        assert tokens["min"] == tokens["max"] == 16, tokens
