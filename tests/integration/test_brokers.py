@@ -293,7 +293,7 @@ def _rabbit_env(name: str, value: int) -> None:
 def test_a_job_longer_than_rabbitmqs_consumer_timeout_is_not_run_twice(redis_url, amqp_env):
     """RabbitMQ closes the channel of a delivery unacked past its consumer_timeout and
     requeues the message while the job still runs (acks late). Cut to 3 s here (the server
-    checking every second), a ~8 s job crosses it. Celery takes the closed channel for an
+    checking every second), a job of 900 tokens (~8 s on one thread) crosses it. Celery takes the closed channel for an
     unrecoverable error and stops the worker once its running job is done: the job
     finishes and is recorded once, and the requeued message, taken by the next worker, is
     answered from the record without running the engine again. Hence
@@ -308,7 +308,10 @@ def test_a_job_longer_than_rabbitmqs_consumer_timeout_is_not_run_twice(redis_url
     try:
         first = start_worker(redis_url, "llamacpp", extra_args=["--threads=1"], env=amqp_env)
         with Client(redis_url) as client:
-            handle = client.submit(model=MODEL, messages=LONG, sampling={"max_tokens": 400}, backend="llamacpp")
+            # ignore_eos: the job's length does not hang on where greedy decoding meets EOS (at
+            # ~250 tokens it ended in 3.7 s on a fast machine, and the ack beat the check)
+            long_job = {"max_tokens": 900, "ignore_eos": True}
+            handle = client.submit(model=MODEL, messages=LONG, sampling=long_job, backend="llamacpp")
             result = handle.result(timeout=300)
             assert result.status == "completed" and result.usage.completion_tokens > 0
             first.proc.wait(timeout=60)  # Celery: "Unrecoverable error: PreconditionFailed"

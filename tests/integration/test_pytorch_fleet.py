@@ -191,7 +191,7 @@ def test_structured_outputs_logprobs_and_sampling_extensions_in_the_fleets_logit
             "backend": "pytorch",
             "sampling": {"max_tokens": 80, "structured": {"kind": "json_schema", "json_schema": PERSON}},
         }
-        for i in range(4)
+        for i in range(50)
     ]
     jobs[0]["sampling"]["logprobs"] = 2  # one row of the batch reads logprobs, the others not
     results = [h.result(timeout=300) for h in client.submit_many(jobs)]

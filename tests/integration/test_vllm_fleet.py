@@ -107,35 +107,21 @@ def test_streaming_sends_the_answer_as_it_is_generated(client, vllm_worker):
     assert len(deltas) > 3 and "".join(deltas) == result.text and "seven" not in result.text
 
 
-def test_a_worker_killed_mid_batch_loses_no_job(client, redis_url, vllm_worker):
-    handles = client.submit_many(
-        vllm_job(f"Tell a long story about a dragon named {n}.", 400)
-        for n in ["Ash", "Birch", "Cedar", "Dune", "Ember", "Fern"]
-    )
-    deadline = time.monotonic() + 60
-    while not all(client.status(h.id) == "running" for h in handles) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)
-    vllm_worker.kill()  # the worker and vLLM's EngineCore process with it
-    assert not any(client.status(h.id) == "completed" for h in handles)
-    second = start_worker(redis_url, "vllm", extra_args=VLLM_ARGS)
-    try:
-        results = [h.result(timeout=600) for h in handles]
-        assert all(r.status == "completed" and r.worker == second.worker_id for r in results)
-        for h, r in zip(handles, results):
-            record = client.record(h.id)
-            assert r.attempt == 2 and record["completions"] == "1"
-    finally:
-        second.stop(timeout=120)
-
-
 def test_vllms_own_structured_outputs_sampling_extensions_and_logprobs_serve_the_request(client, vllm_worker):
     schema = {
         "type": "object",
-        "properties": {"city": {"type": "string"}, "size": {"type": "string", "enum": ["small", "big"]}},
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "size": {"type": "string", "enum": ["small", "big"]},
+        },
         "required": ["city", "size"],
         "additionalProperties": False,
     }
+    many = [vllm_job(f"City number {i} as JSON.", 60) for i in range(50)]
+    for one in many:
+        one["sampling"]["structured"] = {"kind": "json_schema", "json_schema": schema}
+    answers = [json.loads(h.result(timeout=300).text) for h in client.submit_many(many)]
+    assert all(set(a) == {"city", "size"} and a["size"] in ("small", "big") for a in answers)  # 50 of 50
     job = vllm_job("Name a city as JSON.", 60)
     job["sampling"] |= {"structured": {"kind": "json_schema", "json_schema": schema}, "logprobs": 2}
     r = client.submit(job).result(timeout=180)
@@ -158,3 +144,25 @@ def test_vllms_own_structured_outputs_sampling_extensions_and_logprobs_serve_the
         and all(p.logprob <= 0 for p in e.prompt_logprobs[1:])
     )
     assert e.echo_text
+
+
+def test_a_worker_killed_mid_batch_loses_no_job(client, redis_url, vllm_worker):
+    handles = client.submit_many(
+        vllm_job(f"Tell a long story about a dragon named {n}.", 400)
+        for n in ["Ash", "Birch", "Cedar", "Dune", "Ember", "Fern"]
+    )
+    deadline = time.monotonic() + 60
+    while not all(client.status(h.id) == "running" for h in handles) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    vllm_worker.kill()  # the worker and vLLM's EngineCore process with it
+    assert not any(client.status(h.id) == "completed" for h in handles)
+    second = start_worker(redis_url, "vllm", extra_args=VLLM_ARGS)
+    try:
+        results = [h.result(timeout=600) for h in handles]
+        assert all(r.status == "completed" and r.worker == second.worker_id for r in results)
+        for h, r in zip(handles, results):
+            record = client.record(h.id)
+            assert r.attempt == 2 and record["completions"] == "1"
+    finally:
+        second.stop(timeout=120)
