@@ -22,14 +22,12 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from core import settings
 from core.errors import JobValidationError, UnsupportedParameterError
 from core.jobs import N_MAX, GenerationJob, Priority, StructuredOutput, ToolCalling
 from core.records import CHAT_URL, COMPLETIONS_URL
 from core.tool_calls import named_schema, required_schema, tools_system_text
 
-# What a body that names no max_tokens gets where the door has no setting of its own (the
-# gateway and batches pass fleet.yaml's gateway.default_max_tokens, the same number).
-DEFAULT_MAX_TOKENS = 512
 COMPLETION_LOGPROBS_MAX = 5  # OpenAI's limit for /v1/completions' logprobs
 
 
@@ -379,6 +377,11 @@ class CompletionRequest(Generation):
         p = self.prompt
         one = p[0] if isinstance(p, list) and isinstance(p[0], (str, list)) else p
         fields: dict[str, Any] = {"prompt": one} if isinstance(one, str) else {"prompt_ids": one}
+        if self.echo and self.stream:  # refused on every door, batch lines included
+            raise UnsupportedParameterError(
+                "echo is not streamed: ask without stream, or without echo",
+                {"errors": [{"field": "echo", "message": "not served with stream: true"}]},
+            )
         if self.echo:
             fields["echo"] = True
         return fields
@@ -401,6 +404,17 @@ def validate(model: type[T], body: dict[str, Any]) -> T:
         return model.model_validate(body)
     except ValidationError as exc:
         raise request_error(exc) from None
+
+
+def default_max_tokens() -> int:
+    """What a body that names no max_tokens gets, on every door: fleet.yaml's
+    ``gateway.default_max_tokens``."""
+    return settings.fleet_config().gateway.default_max_tokens
+
+
+def endpoint_of(body: dict[str, Any]) -> str:
+    """The endpoint a body without one is for: chat if it has messages."""
+    return CHAT_URL if "messages" in body else COMPLETIONS_URL
 
 
 def parse_request(url: str, body: dict[str, Any]) -> Request:

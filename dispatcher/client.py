@@ -19,7 +19,7 @@ from typing import Any
 from core.errors import JobCancelledError, JobError, JobTimeoutError, UnknownBackendError
 from core.fleet import FleetView
 from core.jobs import BACKENDS, GenerationJob, JobResult, PathStep, Selection, parse_job, result_of
-from core.openai_bodies import CHAT_URL, COMPLETIONS_URL, DEFAULT_MAX_TOKENS, parse_request
+from core.openai_bodies import default_max_tokens, endpoint_of, parse_request
 from core.registry import ModelRegistry
 from core.store.streams import read_stream
 from dispatcher.batch.api import Batches
@@ -118,14 +118,15 @@ class Client:
     def submit(self, job: GenerationJob | dict[str, Any] | None = None, **fields: Any) -> JobHandle:
         return self.submit_many([self._parse(job, fields)])[0]
 
-    def create(self, body: dict[str, Any], url: str | None = None, max_tokens: int = DEFAULT_MAX_TOKENS) -> JobHandle:
+    def create(self, body: dict[str, Any], url: str | None = None, max_tokens: int | None = None) -> JobHandle:
         """Submit an OpenAI chat or text completion body (``url``: its endpoint; by default
         chat if it has messages), read exactly as ``ib serve`` and a batch line read it:
         OpenAI's defaults (temperature 1), vLLM's extensions, the same refusals
         (JobValidationError naming the field). ``max_tokens``: what a body that names none
-        gets. ``core.records.response_body(handle.result(), url)`` is the OpenAI response."""
-        url = url or (CHAT_URL if "messages" in body else COMPLETIONS_URL)
-        return self.submit(parse_request(url, body).to_job(max_tokens))
+        gets (None: ``gateway.default_max_tokens``, as over HTTP).
+        ``core.records.response_body(handle.result(), url)`` is the OpenAI response."""
+        job = parse_request(url or endpoint_of(body), body).to_job(max_tokens or default_max_tokens())
+        return self.submit(job)
 
     def submit_many(self, jobs: Iterable[GenerationJob | dict[str, Any]]) -> list[JobHandle]:
         """Validate and decide every job first (one fleet view); enqueue only if all pass.

@@ -25,6 +25,7 @@ from typing import Any
 
 from core import settings
 from core.jobs import Priority
+from core.openai_bodies import default_max_tokens
 from core.records import CHAT_URL, COMPLETIONS_URL, error_record, line_job_id
 from core.registry import ModelRegistry
 from core.store.batchstore import BatchStore
@@ -94,7 +95,7 @@ class Batches:
             "throughput_target_tok_s": self.cfg.default_throughput_target_tok_s,
         }
         # A line that names no max_tokens gets what a gateway request gets.
-        max_tokens = settings.fleet_config().gateway.default_max_tokens
+        max_tokens = default_max_tokens()
         defaults = {"model": model, "priority": priority, "batch_id": batch_id, "slo": slo, "max_tokens": max_tokens}
         self._stage(BatchInput(batch_id, lines, defaults, endpoint, purge_at, progress))
         return self.retrieve(batch_id)

@@ -19,7 +19,7 @@ from pydantic_core import PydanticSerializationError
 
 from core.errors import JobValidationError, UnknownModelError, UnsupportedParameterError
 from core.jobs import GenerationJob, Priority
-from core.openai_bodies import DEFAULT_MAX_TOKENS, parse_request
+from core.openai_bodies import default_max_tokens, endpoint_of, parse_request
 from core.records import CHAT_URL, COMPLETIONS_URL, line_job_id
 from core.registry import ModelRegistry
 from dispatcher.batch.input import LineProblem
@@ -134,7 +134,7 @@ def _request(line_no: int, custom_id: str, data: dict[str, Any], endpoint: str |
             raise refuse("invalid_request", ": body must be a JSON object")
     else:  # the plain shape
         body = {k: v for k, v in data.items() if k != "custom_id"}
-        url = CHAT_URL if "messages" in body else COMPLETIONS_URL
+        url = endpoint_of(body)
     if endpoint and url != endpoint:
         raise refuse("invalid_url", f": url {url} differs from the batch's endpoint {endpoint}")
     if (url == CHAT_URL) != ("messages" in body):
@@ -157,7 +157,7 @@ def _job(
         fields = {"custom_id": custom_id, "stream": False, **batch_ids(defaults.get("batch_id"), line_no)}
         fields.update({k: defaults[k] for k in ("batch_id", "slo") if defaults.get(k) is not None})
         priority = Priority(defaults.get("priority") or Priority.batch)
-        return request.to_job(defaults.get("max_tokens") or DEFAULT_MAX_TOKENS, priority, **fields)
+        return request.to_job(defaults.get("max_tokens") or default_max_tokens(), priority, **fields)
     except UnknownModelError as exc:
         raise _Refused(LineError(line_no, custom_id, "model_not_found", f"line {line_no}: {exc.message}")) from None
     except JobValidationError as exc:

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from core.errors import JobError, UnsupportedParameterError
+from core.errors import JobError
 from core.jobs import GenerationJob, JobResult, result_of
 from core.openai_bodies import Request as OpenAIRequest
 from core.openai_bodies import parse_request
@@ -77,13 +77,7 @@ def submit_within_quota(fleet: Fleet, tenant: str, job: GenerationJob) -> JobHan
 def request_job(body: dict[str, Any], url: str, default_max_tokens: int) -> tuple[OpenAIRequest, GenerationJob]:
     """The body read as every door reads it (a 400 naming the field if it is refused)."""
     req = parse_request(url, body)
-    job = req.to_job(default_max_tokens, id=uuid.uuid4().hex)
-    if req.stream and job.echo:
-        raise UnsupportedParameterError(
-            "echo is not streamed: ask without stream, or without echo",
-            {"errors": [{"field": "echo", "message": "not served with stream: true"}]},
-        )
-    return req, job
+    return req, req.to_job(default_max_tokens, id=uuid.uuid4().hex)
 
 
 async def answer(request: Request, tenant: str, url: str) -> Response:

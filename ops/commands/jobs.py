@@ -12,8 +12,7 @@ from rich.table import Table
 
 from core.backends import load_backends
 from core.jobs import BACKENDS
-from core.openai_bodies import CHAT_URL, COMPLETIONS_URL, parse_request
-from core.settings import fleet_config
+from core.openai_bodies import default_max_tokens, endpoint_of, parse_request
 from ops.console import ModelOpt, console, print_results
 from ops.console import client as _client
 
@@ -111,8 +110,7 @@ def body_job(text: str) -> dict[str, Any]:
         raise typer.BadParameter(f"--body is not JSON: {exc.msg} (column {exc.colno})") from None
     if not isinstance(data, dict):
         raise typer.BadParameter("--body must be a JSON object (a chat or completions request body)")
-    url = CHAT_URL if "messages" in data else COMPLETIONS_URL
-    return parse_request(url, data).to_job(fleet_config().gateway.default_max_tokens).model_dump()
+    return parse_request(endpoint_of(data), data).to_job(default_max_tokens()).model_dump()
 
 
 def submit(

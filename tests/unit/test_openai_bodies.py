@@ -270,3 +270,10 @@ def test_a_schema_is_closed_where_it_does_not_say_otherwise_as_vllm_reads_it():
     out = closed(schema)
     assert out["additionalProperties"] is False and out["properties"]["a"]["additionalProperties"] is False
     assert out["$defs"]["Open"]["additionalProperties"] is True and "additionalProperties" not in schema
+
+
+def test_echo_with_stream_is_refused_by_the_request_model_so_on_every_door():
+    with pytest.raises(UnsupportedParameterError) as exc:
+        completion(echo=True, stream=True)
+    assert exc.value.details["errors"][0]["field"] == "echo"
+    assert completion(echo=True).echo and completion(stream=True).stream
