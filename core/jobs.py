@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -144,21 +145,7 @@ class SamplingParams(BaseModel):
     def features(self) -> set[str]:
         """The fields of this job that a backend must serve (named as in the request);
         ``echo`` stands for the prompt's logprobs, which only an echo asks for."""
-        used = {
-            "presence_penalty": self.presence_penalty != 0.0,
-            "frequency_penalty": self.frequency_penalty != 0.0,
-            "repetition_penalty": self.repetition_penalty != 1.0,
-            "logit_bias": bool(self.logit_bias),
-            "top_k": self.top_k is not None,
-            "min_p": self.min_p > 0.0,
-            "min_tokens": self.min_tokens > 0,
-            "ignore_eos": self.ignore_eos,
-            "include_stop_str_in_output": self.include_stop_str_in_output,
-            "logprobs": self.logprobs is not None,
-            "echo": self.prompt_logprobs is not None,
-            "n": self.n > 1,
-        }
-        found = {name for name, on in used.items() if on}
+        found = {name for name, used in SAMPLING_FEATURES.items() if used(self)}
         if self.structured is not None:
             found.add(self.structured.kind)
         return found
@@ -171,24 +158,23 @@ class SamplingParams(BaseModel):
         return bool(self.features() - {"include_stop_str_in_output", "logprobs", "echo", "n"})
 
 
-FEATURES: tuple[str, ...] = (
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "top_k",
-    "min_p",
-    "min_tokens",
-    "ignore_eos",
-    "include_stop_str_in_output",
-    "logprobs",
-    "echo",
-    "n",
-    "json_object",
-    "json_schema",
-    "regex",
-    "choice",
-)
+# Each sampling feature, named as the request names it, and when a job uses it.
+SAMPLING_FEATURES: dict[str, Callable[[SamplingParams], bool]] = {
+    "presence_penalty": lambda s: s.presence_penalty != 0.0,
+    "frequency_penalty": lambda s: s.frequency_penalty != 0.0,
+    "repetition_penalty": lambda s: s.repetition_penalty != 1.0,
+    "logit_bias": lambda s: bool(s.logit_bias),
+    "top_k": lambda s: s.top_k is not None,
+    "min_p": lambda s: s.min_p > 0.0,
+    "min_tokens": lambda s: s.min_tokens > 0,
+    "ignore_eos": lambda s: s.ignore_eos,
+    "include_stop_str_in_output": lambda s: s.include_stop_str_in_output,
+    "logprobs": lambda s: s.logprobs is not None,
+    "echo": lambda s: s.prompt_logprobs is not None,
+    "n": lambda s: s.n > 1,
+}
+# Every feature a backend may serve: those, and each kind of structured output.
+FEATURES: tuple[str, ...] = (*SAMPLING_FEATURES, *get_args(StructuredOutput.model_fields["kind"].annotation))
 
 
 class SLO(BaseModel):
