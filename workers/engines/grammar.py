@@ -3,9 +3,10 @@
 A job's StructuredOutput (any JSON object, a JSON schema, a regex, a choice list) is
 compiled once against the engine's vocabulary, on the task thread that hands the job in,
 and cached by xgrammar's compiler across jobs (the same schema compiles once). The
-scheduler thread then only asks the job's matcher for the next token's mask (a few
-microseconds) and tells it the token taken. vLLM runs its own structured outputs (the same
-xgrammar underneath); a remote OpenAI server gets the request's own field.
+scheduler thread then only asks the job's matcher for the next token's mask (0.2 to 4 ms
+on a 49k vocabulary, by the grammar's state: workers.engines.shaping.Shaper.pick asks for
+it only when the model's own pick breaks the grammar) and tells it the token taken. vLLM
+runs its own structured outputs (the same xgrammar underneath); a remote OpenAI server gets the request's own field.
 
 JSON follows the engine's own reading of a schema where it has one: llama.cpp's
 schema-to-grammar converter (the one llama-server and llama-cpp-python use) gives the

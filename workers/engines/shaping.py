@@ -48,7 +48,6 @@ class Shaper:
         self.bias = np.asarray(list(s.logit_bias.values()), dtype=np.float32)
         self.min_tokens, self.ignore_eos = s.min_tokens, s.ignore_eos
         self.accepted = 0  # tokens the grammar has been told of
-        self.penalized_sampler = penalized(s)  # the engine's sampler counts every draw (llama.cpp's penalties)
 
     def shape(self, row: np.ndarray, tokens: list[int]) -> None:
         """Change one logits row in place; ``tokens``: what the job generated so far."""

@@ -28,6 +28,7 @@ from workers.engines.llamacpp.sequence import Sequence, make_sampler, reservatio
 from workers.engines.llamacpp.speculative import PromptLookup
 from workers.engines.prefix_cache import PrefixStateCache, common_prefix_len
 from workers.engines.request import EngineRequest, fail_requests
+from workers.engines.shaping import penalized
 
 log = logging.getLogger(__name__)
 
@@ -187,18 +188,19 @@ class Scheduler:
         if r.shaper is None and r.logprobs is None:
             return self._plain_pick(s, idx)
         row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
-        reading = r.logprob_reader is not None and r.logprobs is not None
-        logprobs = r.logprob_reader.read(row) if reading and r.logprob_reader is not None else None
+        reader = r.logprob_reader if r.logprobs is not None else None
+        logprobs = reader.read(row) if reader is not None else None
         if r.shaper is not None:
 
             def choose() -> int:
                 return llama_cpp.llama_sampler_sample(s.sampler, self.ctx, idx) if s.sampler else int(row.argmax())
 
-            tok = r.shaper.pick(row, r.tokens, choose, checks_first=not r.shaper.penalized_sampler)
+            # llama.cpp's penalty sampler counts every draw: such a job masks before it picks
+            tok = r.shaper.pick(row, r.tokens, choose, checks_first=not penalized(r.sampling))
         else:
             tok = self._plain_pick(s, idx)
-        if logprobs is not None and r.logprob_reader is not None and r.logprobs is not None:
-            r.logprobs.append(r.logprob_reader.entry(logprobs, tok))
+        if reader is not None and logprobs is not None and r.logprobs is not None:
+            r.logprobs.append(reader.entry(logprobs, tok))
         return tok
 
     def _plain_pick(self, s: Sequence, idx: int) -> int:
