@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -56,19 +59,36 @@ def is_redis_broker(url: str) -> bool:
     return url.split("://", 1)[0] in ("redis", "rediss", "sentinel", "redis+socket")
 
 
-def redis_client(url: str, resilient: bool = False) -> redis.Redis:
+def redis_client(url: str, resilient: bool = False, retry_s: float | None = None) -> redis.Redis:
     """A Redis client; ``resilient`` ones (workers, the batch feeder) retry a lost
     connection with backoff for about ``redis.retry_s`` seconds, so a broker restart
-    (append-only persistence keeps the data) pauses them instead of failing jobs."""
-    if not resilient:
+    (append-only persistence keeps the data) pauses them instead of failing jobs.
+    ``retry_s`` sets that budget: the gateway's is short (``gateway.redis_wait_s``), since
+    an HTTP client would rather have a 503 with Retry-After than a minute of silence."""
+    if not resilient and retry_s is None:
         return redis.Redis.from_url(url)
-    budget = settings.fleet_config().redis.retry_s
-    cap = 2.0
-    retries = max(1, int(budget / cap) + 4)  # the first few back off faster than the cap
-    retry = Retry(ExponentialBackoff(cap=cap, base=0.1), retries)
-    return redis.Redis.from_url(
-        url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30
-    )
+    return redis.Redis.from_url(url, **_retrying(settings.fleet_config().redis.retry_s if retry_s is None else retry_s))
+
+
+def async_redis_client(url: str, retry_s: float) -> redis.asyncio.Redis:
+    """An asyncio client that rides out a lost connection for about ``retry_s`` seconds."""
+    return redis.asyncio.Redis.from_url(url, **_retrying(retry_s, asyncio=True))
+
+
+def _retrying(budget: float, asyncio: bool = False) -> dict[str, Any]:
+    """A client's options to retry a lost connection with backoff for about ``budget`` s."""
+    cap = min(2.0, max(budget / 4, 0.1))
+    retries, waited = 0, 0.0
+    while waited < budget:  # the back-off's sleeps (0.1 s doubling to the cap) fill the budget
+        waited += min(cap, 0.1 * 2**retries)
+        retries += 1
+    backoff = ExponentialBackoff(cap=cap, base=0.1)
+    return {
+        "retry": AsyncRetry(backoff, retries) if asyncio else Retry(backoff, retries),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+        "health_check_interval": 30,
+        "socket_connect_timeout": min(5.0, max(budget, 1.0)),
+    }
 
 
 # ---------------------------------------------------------------- the embedded broker's announcement

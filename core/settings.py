@@ -102,6 +102,7 @@ class PrefixSettings(Section):
 class ClientSettings(Section):
     fleet_cache_s: float
     fleet_stale_s: float
+    result_timeout_s: float = Field(gt=0)
 
 
 class CelerySettings(Section):
@@ -134,10 +135,12 @@ class Priorities(Section):
 
 class RedisSettings(Section):
     retry_s: float
+    embedded_maxmemory: str
 
 
 class BatchSettings(Section):
     default_completion_window: str
+    max_completion_window: str
     retention_s: int
     default_latency_target_ms: float
     default_throughput_target_tok_s: float
@@ -178,6 +181,9 @@ class GatewaySettings(Section):
     default_max_tokens: int
     request_timeout_s: float
     retry_after_s: int
+    redis_wait_s: float
+    file_expiry_s: int = Field(ge=3600)
+    batch_stagings: int = Field(ge=1)
 
 
 class HealthSettings(Section):

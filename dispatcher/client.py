@@ -13,6 +13,7 @@ sender claims and publishes, the job store answers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -67,10 +68,15 @@ class JobHandle:
 
 class Client:
     def __init__(
-        self, redis_url: str | None = None, registry: ModelRegistry | None = None, resilient: bool = False
+        self,
+        redis_url: str | None = None,
+        registry: ModelRegistry | None = None,
+        resilient: bool = False,
+        retry_s: float | None = None,
     ) -> None:
-        """``resilient``: ride out a broker restart (retry with backoff) instead of failing."""
-        self.parts = parts = DispatchParts.connect(redis_url, registry, resilient)
+        """``resilient``: ride out a broker restart (retry with backoff) instead of failing;
+        ``retry_s``: for this long (default ``redis.retry_s``)."""
+        self.parts = parts = DispatchParts.connect(redis_url, registry, resilient, retry_s)
         self.redis, self.app, self.registry, self.store = parts.redis, parts.app, parts.registry, parts.store
         self.fleet, self.router, self.sender = parts.fleet, parts.router, parts.sender
 
@@ -168,11 +174,15 @@ class Client:
     # ------------------------------------------------------------- results
 
     def result(self, job_id: str, timeout: float | None = None, raise_on_cancel: bool = False) -> JobResult:
-        """Wait for the job; raises its typed JobError if it failed, JobTimeoutError if slow.
+        """Wait for the job; raises its typed JobError if it failed, JobTimeoutError if slow
+        (``timeout`` None: ``client.result_timeout_s``, an hour; ``math.inf``: for ever),
+        UnknownJobError if its record is gone (expired: no outcome will come).
 
         A cancelled job returns its partial result (status ``cancelled``), or with
         ``raise_on_cancel`` raises JobCancelledError carrying that result in ``details``."""
-        final = self.store.wait(job_id, timeout=timeout)
+        if timeout is None:
+            timeout = self.parts.result_timeout_s
+        final = self.store.wait(job_id, timeout=None if math.isinf(timeout) else timeout)
         if final is None:
             raise JobTimeoutError(f"job {job_id} not finished after {timeout} s", {"job_id": job_id})
         status, payload = final

@@ -36,17 +36,23 @@ class DispatchParts:
     router: Router  # pure decisions
     sender: Sender  # claims and publishes
     batches: Batches  # offline batches (client.batches)
+    result_timeout_s: float  # how long result() waits unless told
 
     @classmethod
     def connect(
-        cls, redis_url: str | None = None, registry: ModelRegistry | None = None, resilient: bool = False
+        cls,
+        redis_url: str | None = None,
+        registry: ModelRegistry | None = None,
+        resilient: bool = False,
+        retry_s: float | None = None,
     ) -> DispatchParts:
-        """``resilient``: ride out a broker restart (retry with backoff) instead of failing."""
+        """``resilient``: ride out a broker restart (retry with backoff) instead of failing;
+        ``retry_s``: for this long (core.connection.redis_client)."""
         # REDIS_PASSWORD applies to a given URL too
         url = connection.with_password(redis_url) if redis_url else connection.redis_url()
         if not url:
             raise BrokerNotConfigured("no broker configured: pass redis_url or set REDIS_URL")
-        client = connection.redis_client(url, resilient=resilient)
+        client = connection.redis_client(url, resilient=resilient, retry_s=retry_s)
         app = get_app(url)
         registry = registry or LiveRegistry()  # picks up `ib models add` while it runs
         cfg = settings.fleet_config()
@@ -72,4 +78,4 @@ class DispatchParts:
             affinity=hints is not None and connection.is_redis_broker(app.conf.broker_url),
         )
         batches = Batches(BatchStore(client), store, registry, tokens)
-        return cls(client, app, registry, store, fleet, router, sender, batches)
+        return cls(client, app, registry, store, fleet, router, sender, batches, client_cfg.result_timeout_s)

@@ -26,6 +26,7 @@ from gateway.errors import APIError
 CHUNK = 1 << 20
 BATCH_FILE = re.compile(r"^file-(batch_[0-9a-f]+)-(output|errors)$")
 PURPOSES = ("batch",)
+MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 86400  # OpenAI's bounds on expires_after
 
 
 def files_url(configured: str) -> str:
@@ -33,6 +34,7 @@ def files_url(configured: str) -> str:
 
 
 def file_object(record: dict[str, Any]) -> dict[str, Any]:
+    expires = record.get("expires_at")
     return {
         "id": record["id"],
         "object": "file",
@@ -42,8 +44,29 @@ def file_object(record: dict[str, Any]) -> dict[str, Any]:
         "purpose": record["purpose"],
         "status": "processed",
         "status_details": None,
-        "expires_at": None,
+        "expires_at": int(float(expires)) if expires else None,
     }
+
+
+def expiry_seconds(anchor: object, seconds: object, default_s: int) -> int:
+    """OpenAI's ``expires_after`` (anchor ``created_at``, 1 hour to 30 days) or the
+    default (``gateway.file_expiry_s``); a 400 naming the field otherwise."""
+    if anchor is None and seconds is None:
+        return default_s
+    if anchor != "created_at":
+        raise APIError(400, "expires_after[anchor] must be created_at", "invalid_expires_after", "expires_after")
+    try:
+        value = int(str(seconds))
+    except ValueError:
+        value = -1
+    if not MIN_EXPIRY_S <= value <= MAX_EXPIRY_S:
+        raise APIError(
+            400,
+            f"expires_after[seconds] must be between {MIN_EXPIRY_S} and {MAX_EXPIRY_S}",
+            "invalid_expires_after",
+            "expires_after",
+        )
+    return value
 
 
 class FileTooLarge(APIError):
@@ -57,8 +80,9 @@ class FileStore:
         self.fs, self.root = fsspec.core.url_to_fs(url)
         self.max_bytes = max_bytes
 
-    def save(self, owner: str, filename: str, purpose: str, src: IO[bytes]) -> dict[str, Any]:
-        """Copy an upload into the store a chunk at a time, then record it."""
+    def save(self, owner: str, filename: str, purpose: str, src: IO[bytes], expires_s: int) -> dict[str, Any]:
+        """Copy an upload into the store a chunk at a time, then record it; it is deleted
+        ``expires_s`` after (its record expires in Redis, ``prune`` removes its bytes)."""
         if purpose not in PURPOSES:
             raise APIError(400, f"purpose must be one of {', '.join(PURPOSES)}, not {purpose!r}", "invalid_purpose")
         file_id = f"file-{uuid.uuid4().hex[:24]}"
@@ -76,20 +100,41 @@ class FileStore:
             if self.fs.exists(path):  # nothing half-written stays behind
                 self.fs.rm(path)
             raise
+        created = time.time()
         record = {
             "id": file_id,
             "owner": owner,
             "filename": PurePath(filename or "upload.jsonl").name[:255],
             "purpose": purpose,
             "bytes": size,
-            "created_at": time.time(),
+            "created_at": created,
+            "expires_at": int(created + expires_s),
             "path": path,
         }
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(keys.file(file_id), mapping=record)
-        pipe.zadd(keys.owner_files(owner), {file_id: record["created_at"]})
+        pipe.expireat(keys.file(file_id), record["expires_at"])
+        pipe.zadd(keys.owner_files(owner), {file_id: created})
+        pipe.expireat(keys.owner_files(owner), record["expires_at"] + 1, gt=True)  # the index goes with the last one
+        pipe.zadd(keys.FILE_EXPIRY, {f"{file_id}|{path}": record["expires_at"]})
         pipe.execute()
         return record
+
+    def prune(self, now: float, limit: int = 100) -> int:
+        """Delete the bytes of files past their expiry (their records expired by
+        themselves); returns how many. Gateway replicas may prune at once: each entry
+        is removed by one of them, and that one deletes the bytes."""
+        due = self.r.zrangebyscore(keys.FILE_EXPIRY, "-inf", now, start=0, num=limit)
+        pruned = 0
+        for entry in due:
+            if not self.r.zrem(keys.FILE_EXPIRY, entry):
+                continue  # another replica took it
+            file_id, _, path = entry.decode().partition("|")
+            self.r.delete(keys.file(file_id))  # already expired, unless the clock differs a little
+            if self.fs.exists(path):
+                self.fs.rm(path)
+            pruned += 1
+        return pruned
 
     def get(self, owner: str, file_id: str) -> dict[str, Any]:
         """The owner's file; another key's file is as unknown as a missing one."""
@@ -139,4 +184,5 @@ class FileStore:
         pipe = self.r.pipeline(transaction=True)
         pipe.delete(keys.file(file_id))
         pipe.zrem(keys.owner_files(owner), file_id)
+        pipe.zrem(keys.FILE_EXPIRY, f"{file_id}|{record['path']}")
         pipe.execute()

@@ -73,6 +73,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         raise APIError(400, f"JSON nested deeper than {limit} levels", "invalid_json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    except ValueError as exc:  # an integer past Python's digit limit (4300): no model reads one
+        raise APIError(400, f"request body has a number too long to read: {exc}", "invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object", "invalid_json")
     if depth(data, limit) > limit:

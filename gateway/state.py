@@ -1,18 +1,31 @@
 """What every request handler reaches through ``request.app.state.fleet``: the fleet's
 client, an asyncio Redis client for waiting, the gateway's settings and its stores. All
-state is in Redis and the file store; the process holds only connections."""
+state is in Redis and the file store; the process holds only connections.
+
+The client is synchronous: every call of it runs in a worker thread, never on the event
+loop, so a Redis that stops answering holds up the requests that need it (for at most
+``gateway.redis_wait_s``) and not every other request, ``/health`` included.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+import anyio
 import redis.asyncio
 from fastapi import Request
 
 from core.settings import GatewaySettings
 from dispatcher.client import Client
+from gateway.errors import STORE_FAULTS
 from gateway.files import FileStore
 from gateway.quota import Quota
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,6 +35,45 @@ class Fleet:
     cfg: GatewaySettings
     quota: Quota
     files: FileStore
+    batch_staging: anyio.CapacityLimiter  # batch files validated at once (gateway.batch_stagings)
+
+    _pending: set[asyncio.Task] = field(default_factory=set)
+
+    def cancel(self, job_id: str) -> None:
+        """Ask the job to stop (nobody will read its answer), in the background: a
+        response never waits for it (in a Redis outage it is given up after the client's
+        retries, with a warning)."""
+        self._later(f"cancel of job {job_id}", self.client.cancel, job_id)
+
+    def release(self, tenant: str, job_id: str) -> None:
+        """Give back the request's slot of its key's limit, in the background; in an
+        outage the slot expires at its deadline instead (gateway.quota)."""
+        self._later(f"quota release of job {job_id}", self.quota.release, tenant, job_id)
+
+    def _later(self, what: str, call: Callable[..., object], *args: str) -> None:
+        task = asyncio.get_running_loop().create_task(_off_loop(what, call, *args))
+        self._pending.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._pending.discard)
+
+
+CLEANUP_FOR_S = 300.0  # a cancel or release tried this long through a Redis outage
+
+
+async def _off_loop(what: str, call: Callable[..., object], *args: str) -> None:
+    """``call(*args)`` in a thread, tried again through a Redis outage: a cancel that never
+    lands leaves a worker generating for nobody, ahead of the requests that come next."""
+    give_up = time.monotonic() + CLEANUP_FOR_S
+    pause = 0.5
+    while True:
+        try:
+            await anyio.to_thread.run_sync(call, *args)
+            return
+        except STORE_FAULTS as exc:
+            if time.monotonic() > give_up:
+                log.warning("%s given up after %.0f s: %s", what, CLEANUP_FOR_S, type(exc).__name__)
+                return
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 5.0)
 
 
 def fleet_of(request: Request) -> Fleet:

@@ -20,6 +20,7 @@ from rich.markup import escape
 from core import connection
 from core.errors import JobError
 from core.models.sources import SourceError
+from core.store.memory_policy import EvictingRedisError
 from ops.console import console
 from workers.models.prepare import PreparationError
 
@@ -33,6 +34,8 @@ def explain(exc: BaseException) -> tuple[str, int] | None:
     """(the line to print, exit code) for a user's mistake; None for a bug."""
     if isinstance(exc, JobError):
         return f"[red]{type(exc).__name__}:[/] {escape(str(exc))}", 1
+    if isinstance(exc, EvictingRedisError):
+        return f"[red]refused:[/] {escape(str(exc))}", 1
     if isinstance(exc, SourceError):
         return f"[red]refused:[/] {escape(str(exc))}", 1
     if isinstance(exc, PreparationError):

@@ -36,7 +36,7 @@ from core.celery_app import BrokerNotConfigured, get_app, own_queue_for, queue_f
 from core.errors import UnsupportedByBackendError
 from core.fleet import WorkerInfo
 from core.registry import ModelRegistry, ModelSpec
-from core.store import keys
+from core.store import keys, memory_policy
 from core.store.dead_letters import DeadLetters
 from core.store.hints import PrefixHints
 from core.store.jobstore import JobStore
@@ -47,11 +47,11 @@ from workers.lifecycle import hardware, metrics
 from workers.lifecycle.health import ConsumeGate, HealthMonitor
 from workers.lifecycle.heartbeat import Heartbeat
 from workers.models.prepare import prepare
-from workers.redelivery import reaper, reconnect
+from workers.redelivery import reaper, reconnect, taken
 from workers.redelivery.dead_letter import consumer_class
 from workers.redelivery.inflight import InflightLedger
 from workers.redelivery.taken import recording_consumer
-from workers.running import group, tasks
+from workers.running import group, outage, tasks
 from workers.running.cancel_watch import CancelWatcher
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ def run_worker(options: WorkerOptions, sidecars: Sequence[SidecarFactory] = ()) 
     if url is None:
         raise BrokerNotConfigured("no broker: set REDIS_URL, or start the embedded one with `ib broker`")
     worker = Worker(options, url)
+    memory_policy.check(worker.redis, f"worker {worker.worker_id}")  # before minutes of engine loading
     worker.load_engine()
     worker.announce()
     worker.register_tasks()
@@ -116,6 +117,8 @@ class Worker:
         self.app: Celery = get_app(url)
         self.cfg = settings.fleet_config()
         self.redis = connection.redis_client(url, resilient=True)
+        outage.watch(self.redis)  # a full Redis is logged with its memory numbers
+        taken.watch(self.redis)
         self.store = JobStore(self.redis, ttl_s=self.cfg.celery.result_expires_s)
         self.spec: ModelSpec = ModelRegistry.from_config().get(options.model)
         # Celery logs each task's return value at INFO; results hold generated text, which

@@ -195,7 +195,13 @@ class BatchStore:
         return [i.decode() for i in ids]
 
     def deactivate(self, batch_id: str) -> None:
-        self.r.zrem(keys.ACTIVE_BATCHES, batch_id)
+        """An ended batch leaves the active index, and its staged input goes at once: its
+        results are the line records, and nothing sends an ended batch's lines again.
+        (Kept, the input was a second copy of the file in Redis until the purge.)"""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zrem(keys.ACTIVE_BATCHES, batch_id)
+        pipe.delete(keys.batch_lines(batch_id))
+        pipe.execute()
 
     def forget(self, batch_id: str, owner: str | None = None) -> None:
         """Drop a batch that expired from Redis from the indexes."""

@@ -7,9 +7,10 @@ job left ``queued`` forever. Workers now keep each such message here as it was r
 (body, content type, headers, queue), so ``ib dead-letters`` can list it and, once the
 cause is fixed (the new workers are rolled out), put it back on its queue unchanged.
 
-Bounded: at most ``cap`` letters, the oldest dropped first. The letter keeps the message
-body, which holds the prompt: it lives in the same Redis as the job itself, and nothing
-of it is logged.
+Bounded: at most ``cap`` letters and ``max_bytes`` of them (a message may be 8 MiB:
+10,000 of those would be 80 GB), the oldest dropped first; the newest always stays. The
+letter keeps the message body, which holds the prompt: it lives in the same Redis as the
+job itself, and nothing of it is logged.
 """
 
 from __future__ import annotations
@@ -27,6 +28,42 @@ from celery import Celery
 from core.store import keys
 
 DEFAULT_CAP = 10_000
+DEFAULT_MAX_BYTES = 256 << 20
+
+# Add one letter, then drop the oldest while over either bound. The byte count is kept in
+# its own key (recounted from the letters if it is missing), so no add reads them all.
+_ADD = """
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  local total = 0
+  for _, v in ipairs(redis.call('HVALS', KEYS[1])) do total = total + #v end
+  redis.call('SET', KEYS[3], total)
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+local total = redis.call('INCRBY', KEYS[3], #ARGV[2])
+local n = redis.call('ZCARD', KEYS[2])
+local dropped = 0
+while n > 1 and (n > tonumber(ARGV[4]) or total > tonumber(ARGV[5])) do
+  local oldest = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  total = total - redis.call('HSTRLEN', KEYS[1], oldest)
+  redis.call('HDEL', KEYS[1], oldest)
+  redis.call('ZREM', KEYS[2], oldest)
+  n = n - 1
+  dropped = dropped + 1
+end
+redis.call('SET', KEYS[3], math.max(total, 0))
+return dropped
+"""
+_REMOVE = """
+local gone, size = 0, 0
+for _, id in ipairs(ARGV) do
+  size = size + redis.call('HSTRLEN', KEYS[1], id)
+  gone = gone + redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('DECRBY', KEYS[3], size) end
+return gone
+"""
 
 
 @dataclass
@@ -81,19 +118,21 @@ def _str_or_none(value: object) -> str | None:
 class DeadLetters:
     """The fleet's dead-letter list (``ib:dead-letters``, ``ib:dead-letters:index``)."""
 
-    def __init__(self, client: redis.Redis, cap: int = DEFAULT_CAP) -> None:
-        self.r = client
-        self.cap = cap
+    KEYS = (keys.DEAD_LETTERS, keys.DEAD_LETTER_INDEX, keys.DEAD_LETTER_BYTES)
 
-    def add(self, letter: DeadLetter) -> None:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(keys.DEAD_LETTERS, letter.id, json.dumps(asdict(letter)))
-        pipe.zadd(keys.DEAD_LETTER_INDEX, {letter.id: letter.at})
-        pipe.execute()
-        overflow = self.r.zcard(keys.DEAD_LETTER_INDEX) - self.cap
-        if overflow > 0:
-            oldest = [m.decode() for m in self.r.zrange(keys.DEAD_LETTER_INDEX, 0, overflow - 1)]
-            self.remove(*oldest)
+    def __init__(self, client: redis.Redis, cap: int = DEFAULT_CAP, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.r = client
+        self.cap, self.max_bytes = cap, max_bytes
+        self._add = client.register_script(_ADD)
+        self._remove = client.register_script(_REMOVE)
+
+    def add(self, letter: DeadLetter) -> int:
+        """Keep ``letter``; returns how many of the oldest were dropped for it."""
+        args = [letter.id, json.dumps(asdict(letter)), letter.at, self.cap, self.max_bytes]
+        return int(self._add(keys=list(self.KEYS), args=args))
+
+    def bytes(self) -> int:
+        return int(self.r.get(keys.DEAD_LETTER_BYTES) or 0)
 
     def list(self, limit: int = 100) -> list[DeadLetter]:
         """Newest first."""
@@ -108,10 +147,7 @@ class DeadLetters:
     def remove(self, *letter_ids: str) -> int:
         if not letter_ids:
             return 0
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hdel(keys.DEAD_LETTERS, *letter_ids)
-        pipe.zrem(keys.DEAD_LETTER_INDEX, *letter_ids)
-        return int(pipe.execute()[0])
+        return int(self._remove(keys=list(self.KEYS), args=list(letter_ids)))
 
     def count(self) -> int:
         return int(self.r.zcard(keys.DEAD_LETTER_INDEX))

@@ -165,7 +165,7 @@ class JobStore:
                 return None
             pipe = self.r.pipeline(transaction=False)
             _wake_then_read(pipe, job_id, remaining)
-            final = _final(pipe.execute()[-1])
+            final = _still_known(job_id, pipe.execute())
         return final
 
     def unsent(self, job_ids: list[str]) -> list[bool]:
@@ -225,7 +225,7 @@ async def wait_async(
             return None
         pipe = client.pipeline(transaction=False)
         _wake_then_read(pipe, job_id, remaining)
-        final = _final((await pipe.execute())[-1])
+        final = _still_known(job_id, await pipe.execute())
     return final
 
 
@@ -236,6 +236,16 @@ def _wake_then_read(pipe: Any, job_id: str, timeout: float) -> None:
     done = keys.done(job_id)
     pipe.blmove(done, done, max(timeout, 0.01), "LEFT", "RIGHT")
     pipe.hmget(keys.job(job_id), "final", "result", "error")
+    pipe.exists(keys.job(job_id))
+
+
+def _still_known(job_id: str, replies: list[Any]) -> tuple[str, dict[str, Any]] | None:
+    """The outcome a wake-then-read found; UnknownJobError if the record is gone (it
+    expired, or was deleted, while waiting): no outcome will ever come, so no wait."""
+    values, known = replies[-2], replies[-1]
+    if not known:
+        raise UnknownJobError(f"job {job_id!r}: its record expired while waiting for it", {"job_id": job_id})
+    return _final(values)
 
 
 def _begin_of(out: list[Any]) -> Begin:

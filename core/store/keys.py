@@ -65,6 +65,7 @@ WORKER_QUEUES = "ib:worker-queues"  # hash: worker id → its own queue (kept a 
 ORPHANED = "ib:orphaned"  # sorted set: dead workers whose own queue is swept, by time of death
 DEAD_LETTERS = "ib:dead-letters"  # hash: letter id → a message no worker could run (store.dead_letters)
 DEAD_LETTER_INDEX = "ib:dead-letters:index"  # sorted set: letter ids by time
+DEAD_LETTER_BYTES = "ib:dead-letters:bytes"  # integer: the letters' total size, for the byte cap
 UNTRACKED_SWEEP = "ib:untracked-sweep"  # which worker sweeps the broker's unacked set this round
 
 
@@ -103,6 +104,10 @@ def worker_blocks(worker_id: str) -> str:
 def file(file_id: str) -> str:
     """Hash: an uploaded file's metadata (owner, name, bytes, where its bytes are stored)."""
     return f"ib:file:{file_id}"
+
+
+FILE_EXPIRY = "ib:file-expiry"
+"""Sorted set: uploaded file ids by the time they expire (gateway.files prunes their bytes)."""
 
 
 def owner_files(owner: str) -> str:

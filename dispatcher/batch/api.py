@@ -72,7 +72,7 @@ class Batches:
         key hash) indexes the batch under that key, for ``list_owned``."""
         self._check(endpoint, model, priority)
         window = completion_window or self.cfg.default_completion_window
-        window_s = parse_window(window)
+        window_s = parse_window(window, self.cfg.max_completion_window)
         name, lines = input_lines(input_file, self.cfg.max_line_bytes)
 
         batch_id = f"batch_{uuid.uuid4().hex}"

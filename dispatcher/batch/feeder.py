@@ -35,6 +35,7 @@ from core.errors import JobError, NoLiveWorkerError
 from core.jobs import GenerationJob, Selection
 from core.records import job_error_record
 from core.store.batchstore import FINAL_STATUSES
+from core.store.faults import WAIT_OUT, Episode
 from core.store.keys import FEEDER_LEASE
 from dispatcher.batch.lost_lines import LostLines
 from dispatcher.fleet_state import route
@@ -82,6 +83,7 @@ class BatchFeeder:
         self._release = parts.redis.register_script(_RELEASE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._fault = Episode(log, "batch feeder", parts.redis)  # logged once per Redis fault
 
     # ------------------------------------------------------------- the loop
 
@@ -97,10 +99,16 @@ class BatchFeeder:
                 holder = self.holds_lease()
                 worked = self.tick() if holder else 0
                 failures = 0
-            except Exception as exc:  # noqa: BLE001 - the broker restarting: wait for it
+            except WAIT_OUT as exc:  # Redis restarting, failing over or full: wait for it
+                failures += 1
+                self._fault.failed(exc, "feeding")
+                worked = 0
+            except Exception as exc:  # noqa: BLE001 - anything else: said each time, then tried again
                 failures += 1
                 log.warning("batch feeder: %s: %s; retrying", type(exc).__name__, exc)
                 worked = 0
+            else:
+                self._fault.succeeded()
             if once and not worked:
                 break
             self._stop.wait(self.next_wait_s(holder, worked, failures))

@@ -115,9 +115,17 @@ class Batch(BaseModel):
         )
 
 
-def parse_window(window: str) -> int:
-    """'24h' → seconds. OpenAI accepts only 24h; any positive s/m/h/d window is served here."""
-    m = re.fullmatch(r"\s*(\d+)\s*([smhd])\s*", window)
+def parse_window(window: str, longest: str | None = None) -> int:
+    """'24h' → seconds. OpenAI accepts only 24h; any positive s/m/h/d window up to
+    ``longest`` (``batch.max_completion_window``) is served here: a batch's data is kept
+    for its window plus the retention, so an unbounded window would keep it for ever."""
+    m = re.fullmatch(r"\s*(\d{1,9})\s*([smhd])\s*", window)
     if not m or int(m.group(1)) <= 0:
         raise BatchInputError(f"completion_window {window!r} is not a duration like 24h, 90m or 2d", {"window": window})
-    return int(m.group(1)) * WINDOW_UNITS[m.group(2)]
+    seconds = int(m.group(1)) * WINDOW_UNITS[m.group(2)]
+    if longest is not None and seconds > parse_window(longest):
+        raise BatchInputError(
+            f"completion_window {window!r} is longer than this fleet allows ({longest}, batch.max_completion_window)",
+            {"window": window, "max": longest},
+        )
+    return seconds

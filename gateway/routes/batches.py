@@ -100,7 +100,9 @@ async def create(request: Request, tenant: str = Depends(authenticate)) -> dict[
                 input_file_id=req.input_file_id,
             )
 
-    return batch_object(await anyio.to_thread.run_sync(stage))
+    # Validating and staging a file (up to 200 MB) holds a thread for seconds: it takes a
+    # slot of the gateway's own small pool for it, not one of the pool interactive submits use.
+    return batch_object(await anyio.to_thread.run_sync(stage, limiter=fleet.batch_staging))
 
 
 @router.get("/v1/batches/{batch_id}")

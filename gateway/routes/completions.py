@@ -10,6 +10,7 @@ cancelled too. The decision path comes back in ``x-ib-decision-path``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,7 +19,6 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
 
 from core.errors import JobError
 from core.jobs import GenerationJob, JobResult, result_of
@@ -29,11 +29,12 @@ from core.store.jobstore import wait_async
 from core.store.streams import StreamRestartedError, read_stream_async
 from dispatcher.client import JobHandle
 from gateway.auth import authenticate
-from gateway.errors import APIError
+from gateway.errors import STORE_FAULTS, APIError, store_fault
 from gateway.limits import read_json
 from gateway.state import Fleet, fleet_of
 from gateway.streaming import Chunks, sse
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -91,13 +92,11 @@ async def answer(request: Request, tenant: str, url: str) -> Response:
             media_type="text/event-stream",
             headers={**decision_headers(handle), "cache-control": "no-cache"},
         )
-    release = BackgroundTask(fleet.quota.release, tenant, handle.id)  # after the answer is sent
     try:
         result = await wait_or_cancel(request, fleet, handle.id)
-    except BaseException:
-        await release()
-        raise
-    return JSONResponse(response_body(result, url), headers=decision_headers(handle), background=release)
+    finally:
+        fleet.release(tenant, handle.id)
+    return JSONResponse(response_body(result, url), headers=decision_headers(handle))
 
 
 async def until_disconnect(request: Request) -> None:
@@ -115,12 +114,12 @@ async def wait_or_cancel(request: Request, fleet: Fleet, job_id: str) -> JobResu
         gone.cancel()
         if not waiting.done():
             waiting.cancel()
-            fleet.client.cancel(job_id)  # the client left: nobody will read the answer
+            fleet.cancel(job_id)  # the client left: nobody will read the answer
     if not waiting.done() or waiting.cancelled():
         raise APIError(499, "client closed the request", "client_closed")
-    final = waiting.result()
+    final = waiting.result()  # a Redis fault raises here: errors.CatchAll answers 503
     if final is None:
-        fleet.client.cancel(job_id)
+        fleet.cancel(job_id)
         raise APIError(504, f"no answer within {fleet.cfg.request_timeout_s:g} s; the job was cancelled", "timeout")
     return result_of(*final)  # a failed job's JobError is answered by errors.install's handler
 
@@ -128,6 +127,20 @@ async def wait_or_cancel(request: Request, fleet: Fleet, job_id: str) -> JobResu
 async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Chunks) -> AsyncIterator[str]:
     ended = False
     deadline = time.monotonic() + fleet.cfg.request_timeout_s
+    try:
+        async for event in relay(fleet, handle, chunks, deadline):
+            if event is None:
+                ended = True
+            else:
+                yield event
+    finally:
+        if not ended:  # the client left (or the deadline passed, or Redis): stop generating for nobody
+            fleet.cancel(handle.id)
+        fleet.release(tenant, handle.id)
+
+
+async def relay(fleet: Fleet, handle: JobHandle, chunks: Chunks, deadline: float) -> AsyncIterator[str | None]:
+    """The stream's events; None once the job has ended (nothing left to cancel)."""
     try:
         if first := chunks.start():
             yield first
@@ -139,11 +152,11 @@ async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Ch
                     yield sse(APIError(504, "no end of the answer in time; the job was cancelled", "timeout").body())
                     return
         except StreamRestartedError as exc:  # redelivered, and the new text differs from what was sent
-            ended = True  # the job goes on: its result holds the new text
+            yield None  # the job goes on: its result holds the new text
             yield sse(APIError.from_job_error(exc).body())
             return
         final = await wait_async(fleet.aredis, handle.id, timeout=30)
-        ended = True
+        yield None
         if final is None:
             yield sse(APIError(500, "the stream ended but the job has no outcome", "server_error").body())
             return
@@ -153,8 +166,6 @@ async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Ch
             yield sse(APIError.from_job_error(exc).body())
             return
         yield chunks.finish(result)
-    finally:
-        if not ended:  # the client left (or the deadline passed): stop generating for nobody
-            fleet.client.cancel(handle.id)
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(fleet.quota.release, tenant, handle.id)
+    except STORE_FAULTS as exc:  # Redis went away mid-stream: say so, never hang
+        log.warning("stream of job %s ended by %s", handle.id, type(exc).__name__)
+        yield sse(store_fault(exc, fleet.cfg.retry_after_s).body())

@@ -12,7 +12,7 @@ from starlette.datastructures import UploadFile
 from gateway import result_files
 from gateway.auth import authenticate
 from gateway.errors import APIError
-from gateway.files import file_object
+from gateway.files import expiry_seconds, file_object
 from gateway.state import fleet_of
 
 router = APIRouter()
@@ -25,13 +25,18 @@ async def upload(request: Request, tenant: str = Depends(authenticate)) -> dict[
     # then copied to the store a chunk at a time: never whole in memory.
     async with request.form(max_files=1, max_fields=8) as form:
         upload, purpose = form.get("file"), form.get("purpose")
+        expires_s = expiry_seconds(
+            form.get("expires_after[anchor]"), form.get("expires_after[seconds]"), fleet.cfg.file_expiry_s
+        )
         if not isinstance(upload, UploadFile):
             raise APIError(400, "multipart field 'file' is missing", "missing_file", "file")
         if not isinstance(purpose, str):
             raise APIError(
                 400, "multipart field 'purpose' is missing (use purpose=batch)", "missing_purpose", "purpose"
             )
-        record = await anyio.to_thread.run_sync(fleet.files.save, tenant, upload.filename or "", purpose, upload.file)
+        record = await anyio.to_thread.run_sync(
+            fleet.files.save, tenant, upload.filename or "", purpose, upload.file, expires_s
+        )
     return file_object(record)
 
 

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from core import settings
+from core import connection, settings
+from core.store import memory_policy
 from ops.console import broker_url, console, stop_on_sigterm
 
 keys_app = typer.Typer(help="API keys of the HTTP gateway (`ib serve`).", no_args_is_help=True)
@@ -37,6 +38,7 @@ def serve(
     cfg = settings.fleet_config().gateway
     host, port = host or cfg.host, cfg.port if port is None else port
     url = broker_url()
+    memory_policy.check(connection.redis_client(url), "gateway")  # one line, before uvicorn's start-up
     ring = KeyRing.load()
     if ring.open and not is_loopback(host):
         console.print(

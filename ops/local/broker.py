@@ -47,7 +47,15 @@ class EmbeddedBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)  # its config file holds the password, its files the jobs
         self.password = os.environ.get("REDIS_PASSWORD")
-        config = {"appendonly": "yes", "appendfsync": "everysec"}
+        # noeviction: a full broker refuses writes (the fleet waits them out) rather than
+        # dropping queued jobs; maxmemory: redis.embedded_maxmemory (docs/operations.md).
+        memory = settings.fleet_config().redis.embedded_maxmemory
+        config = {
+            "appendonly": "yes",
+            "appendfsync": "everysec",
+            "maxmemory": memory,
+            "maxmemory-policy": "noeviction",
+        }
         if self.password:
             config["requirepass"] = self.password
         self.server = _PasswordedValkey(

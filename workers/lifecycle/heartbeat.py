@@ -18,6 +18,7 @@ import redis
 from core.fleet import Health, WorkerInfo
 from core.settings import HeartbeatSettings
 from core.store import keys
+from core.store.faults import WAIT_OUT, Episode
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class Heartbeat:
         self.engine_stats = engine_stats
         self.health = health
         self._stop = threading.Event()
+        self._fault = Episode(log, "heartbeat", client)  # logged once per Redis fault
         self._link_down = False
         self._link_up_at: float | None = None  # monotonic time of the reconnection after an outage
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -92,10 +94,15 @@ class Heartbeat:
         while not self._stop.wait(self.interval_s):
             try:
                 self.beat()
-            except Exception:  # a Redis blip must not kill the heartbeat
+            except WAIT_OUT as exc:  # a Redis blip, failover or full Redis must not kill the heartbeat
+                self._link_down = True
+                self._fault.failed(exc, "the heartbeat")
+                continue
+            except Exception:
                 self._link_down = True
                 log.warning("heartbeat failed", exc_info=True)
                 continue
+            self._fault.succeeded()
             if self._link_down:
                 self._link_down, self._link_up_at = False, time.monotonic()
             try:

@@ -13,16 +13,46 @@ module state, and only the consuming connection records.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import redis
+from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
 from core.celery_app import group_members
+from core.store.faults import Episode, wait_out
 from core.transport import consume_with
+
+log = logging.getLogger(__name__)
+_episode = Episode(log, "broker bookkeeping")  # one per process: every QoS of the worker
+
+
+def watch(client: redis.Redis) -> None:
+    """The worker's Redis client: a full Redis is logged with its memory numbers."""
+    _episode.client = client
+
+
+def _stopping() -> bool:
+    return worker_state.should_stop is not None or worker_state.should_terminate is not None
+
+
+def riding_out(what: str, call: Callable[[], T]) -> T:
+    """kombu's writes for a taken message, waited out through a full or read-only Redis
+    (core.store.faults) instead of raised: raised, Celery's consumer calls the error
+    unrecoverable and the worker process exits, and a message popped by BRPOP whose
+    unacked write failed is lost. The writes are MULTI/EXEC pipelines and one-key
+    deletes: a refused one changed nothing, so trying again is safe. A connection loss
+    is kombu's own to handle (it reconnects and restores): that is raised at once."""
+    return wait_out(_episode, what, call, stop=_stopping, faults=FULL_OR_READONLY)
+
+
+T = TypeVar("T")
+FULL_OR_READONLY = (redis.ReadOnlyError, redis.exceptions.OutOfMemoryError)
 
 TakenRecorder = Callable[[Any, str, str, list[str] | None], None]
 """Adds its writes for one taken message to a redis-py pipeline: (pipeline, task id,
@@ -64,15 +94,15 @@ class RecordingQoS(kombu_redis.QoS):
 
     def ack(self, delivery_tag: str) -> None:
         self._extra_jobs.pop(delivery_tag, None)
-        super().ack(delivery_tag)
+        riding_out("an ack", lambda: super(RecordingQoS, self).ack(delivery_tag))
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         self._extra_jobs.pop(delivery_tag, None)
-        super().reject(delivery_tag, requeue=requeue)
+        riding_out("a reject", lambda: super(RecordingQoS, self).reject(delivery_tag, requeue=requeue))
 
     def restore_unacked(self, client: Any = None) -> Any:
         self._extra_jobs.clear()
-        return super().restore_unacked(client)
+        return riding_out("restoring unacked messages", lambda: super(RecordingQoS, self).restore_unacked(client))
 
     def append(self, message: Any, delivery_tag: str) -> None:
         recorder = self.recorder
@@ -81,14 +111,20 @@ class RecordingQoS(kombu_redis.QoS):
         if members and len(members) > 1:
             self._extra_jobs[delivery_tag] = len(members) - 1
         if recorder is None or task_id is None:
-            return super().append(message, delivery_tag)
+            return riding_out(
+                "a taken message's unacked write", lambda: super(RecordingQoS, self).append(message, delivery_tag)
+            )
         delivery = message.delivery_info
         raw = kombu_redis.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
-        with self.pipe_or_acquire() as pipe:
-            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(self.unacked_key, delivery_tag, raw)
-            recorder(pipe, task_id, delivery_tag, members)
-            pipe.execute()
-            virtual.QoS.append(self, message, delivery_tag)  # kombu's in-process record of it
+
+        def write() -> None:
+            with self.pipe_or_acquire() as pipe:
+                pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(self.unacked_key, delivery_tag, raw)
+                recorder(pipe, task_id, delivery_tag, members)
+                pipe.execute()
+
+        riding_out("a taken message's unacked write", write)
+        virtual.QoS.append(self, message, delivery_tag)  # kombu's in-process record of it
         message.ib_taken_recorded = True  # the message that Celery's request will carry
         return None
 

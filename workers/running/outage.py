@@ -6,9 +6,11 @@ this live worker, the task's failure acked the message, and nothing ran the job 
 or, where the ack could not land, the job ran a second time although the first run had
 its outcome in hand. So the writes that decide a job's fate (becoming its attempt,
 recording its outcome) keep waiting for as long as the outage lasts, and the outcome is
-written when Redis is back. Only a worker that is shutting down stops waiting: its
-messages stay unacked (the broker is down, no ack can land) and recorded as held, and the
-reaper or the visibility timeout hands them out again.
+written when Redis is back. The same holds for a Redis that is full (``maxmemory`` under
+``noeviction``) or a read-only replica mid-failover (core.store.faults). Only a worker
+that is shutting down stops waiting: its messages stay unacked (the broker is down, no
+ack can land) and recorded as held, and the reaper or the visibility timeout hands them
+out again.
 
 Writes that only help (prefix hints) are dropped in an outage instead: they are refreshed
 by the next job.
@@ -17,18 +19,24 @@ by the next job.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
 import redis
 from celery.worker import state as worker_state
 
+from core.store.faults import WAIT_OUT, Episode, describe, wait_out
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-PAUSE_S = 1.0  # between tries, after the client's own retries gave up
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+UNREACHABLE = WAIT_OUT  # unreachable, read-only or full: each ends by itself
+_episode = Episode(log, "job records")
+
+
+def watch(client: redis.Redis) -> None:
+    """The worker's Redis client: a full Redis is logged with its memory numbers."""
+    _episode.client = client
 
 
 def shutting_down() -> bool:
@@ -36,21 +44,11 @@ def shutting_down() -> bool:
     return worker_state.should_stop is not None or worker_state.should_terminate is not None
 
 
-def until_reachable(job_id: str, what: str, call: Callable[[], T], pause_s: float = PAUSE_S) -> T:
-    """``call()``, tried again for as long as Redis is unreachable (unless the worker is
-    stopping, when the last error is raised). ``what`` names the write in the log line."""
-    started = time.monotonic()
-    while True:
-        try:
-            return call()
-        except UNREACHABLE as exc:
-            if shutting_down():
-                raise
-            waited = time.monotonic() - started
-            log.warning(
-                "job %s: Redis unreachable for %.0f s (%s); %s waits for it", job_id, waited, type(exc).__name__, what
-            )
-            time.sleep(pause_s)
+def until_reachable(job_id: str, what: str, call: Callable[[], T]) -> T:
+    """``call()``, tried again for as long as Redis is unreachable, read-only or full
+    (unless the worker is stopping, when the last error is raised). ``what`` names the
+    write in the log line, which is written once per episode, not per job."""
+    return wait_out(_episode, f"job {job_id}'s {what}", call, stop=shutting_down)
 
 
 def best_effort(what: str, call: Callable[[], object]) -> None:
@@ -58,4 +56,4 @@ def best_effort(what: str, call: Callable[[], object]) -> None:
     try:
         call()
     except UNREACHABLE as exc:
-        log.warning("%s skipped: Redis unreachable (%s)", what, type(exc).__name__)
+        log.warning("%s skipped: %s", what, describe(exc))
