@@ -5,8 +5,11 @@ fleet error they let through is one red line at the entry point (ops.user_errors
 
 from __future__ import annotations
 
+import json
 import signal
+import sys
 import time
+from collections.abc import Iterable, Sequence
 from typing import Annotated
 
 import typer
@@ -22,6 +25,7 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
+from rich.table import Table
 from rich.text import Text
 
 from core import connection
@@ -30,6 +34,27 @@ from dispatcher.client import Client
 
 console = Console()
 ModelOpt = Annotated[str, typer.Option("--model", help="registered model name")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="JSON on stdout, for scripts (nothing truncated)")]
+
+
+def print_rows(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A table on a terminal; in a pipe, a header and one tab-separated line per row with
+    nothing truncated (a table squeezed to 80 columns would cut the ids `grep` looks for)."""
+    if console.is_terminal:
+        table = Table(title=title)
+        for col in columns:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    out = ["\t".join(columns), *("\t".join(cell.replace("\t", " ") for cell in row) for row in rows)]
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def print_json(value: object) -> None:
+    """``value`` as JSON on stdout (plain: no colours, no wrapping)."""
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
 
 
 def broker_url() -> str:

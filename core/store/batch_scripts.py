@@ -1,5 +1,12 @@
 """The Lua scripts of the batch store (core.store.batchstore): each one Redis runs
-whole, so a line's record, its counts and the batch's end cannot come apart."""
+whole, so a line's record, its counts and the batch's end cannot come apart.
+
+Where the last line's record ends a batch, its staged input (``<batch key>:lines``,
+core.store.keys.batch_lines) is deleted in the same script: the results are the line
+records, and nothing sends an ended batch's lines again (kept, it was a second copy of the
+input in Redis until the purge). A batch that expires or is cancelled first records its
+unrun lines from it, then drops it (BatchStore.drop_staged).
+"""
 
 # Lua, shared with core.store.jobstore's finish script. ``fed`` is 1 for a line that was
 # handed to the queue (it counts against the feeder's window until it is recorded).
@@ -20,6 +27,7 @@ local function record_line(bkey, okey, akey, batch_id, line, rec, kind, tokens, 
     if final then
       redis.call('HSET', bkey, 'status', final, final .. '_at', now)
       redis.call('ZREM', akey, batch_id)
+      redis.call('DEL', bkey .. ':lines')
     end
   end
   return 1
@@ -46,6 +54,7 @@ if status == 'validating' then
   if staged == 0 then
     redis.call('HSET', bkey, 'status', 'failed', 'failed_at', ARGV[3], 'errors', ARGV[4])
     redis.call('ZREM', akey, batch_id)
+      redis.call('DEL', bkey .. ':lines')
     return 'failed'
   end
   redis.call('HSET', bkey, 'status', 'in_progress', 'in_progress_at', ARGV[3])
@@ -54,6 +63,7 @@ end
 if status == 'cancelling' and tonumber(redis.call('HGET', bkey, 'done') or '0') == total then
   redis.call('HSET', bkey, 'status', 'cancelled', 'cancelled_at', ARGV[3])
   redis.call('ZREM', akey, batch_id)
+      redis.call('DEL', bkey .. ':lines')
   return 'cancelled'
 end
 return status

@@ -160,6 +160,7 @@ class BatchStore:
         """End a batch that could not run (validation stopped), with the reason."""
         self.set_fields(batch_id, errors={"object": "list", "data": errors})
         self.transition(batch_id, "failed", ("validating", "in_progress", "cancelling"))
+        self.drop_staged(batch_id)
 
     def set_fields(self, batch_id: str, **fields: Any) -> None:
         self.r.hset(keys.batch(batch_id), mapping={k: field_value(v) for k, v in fields.items()})
@@ -195,13 +196,15 @@ class BatchStore:
         return [i.decode() for i in ids]
 
     def deactivate(self, batch_id: str) -> None:
-        """An ended batch leaves the active index, and its staged input goes at once: its
-        results are the line records, and nothing sends an ended batch's lines again.
-        (Kept, the input was a second copy of the file in Redis until the purge.)"""
+        """An ended batch leaves the active index, and its staged input goes."""
         pipe = self.r.pipeline(transaction=True)
         pipe.zrem(keys.ACTIVE_BATCHES, batch_id)
         pipe.delete(keys.batch_lines(batch_id))
         pipe.execute()
+
+    def drop_staged(self, batch_id: str) -> None:
+        """An ended batch's staged input, once its unrun lines are recorded from it."""
+        self.r.delete(keys.batch_lines(batch_id))
 
     def forget(self, batch_id: str, owner: str | None = None) -> None:
         """Drop a batch that expired from Redis from the indexes."""

@@ -284,12 +284,11 @@ class BatchFeeder:
         log.warning("batch %s: completion window over; expiring the unfinished lines", batch_id)
         self.store.transition(batch_id, "expired", ("validating", "in_progress", "cancelling"))
         self.parts.store.request_cancel(batch_id)
-        return (
-            self.batches.record_staged(
-                batch_id, "batch_expired", "the batch's completion window ended before this request ran"
-            )
-            or 1
+        recorded = self.batches.record_staged(
+            batch_id, "batch_expired", "the batch's completion window ended before this request ran"
         )
+        self.store.drop_staged(batch_id)  # every unrun line has its record now
+        return recorded or 1
 
 
 def _outstanding(h: dict[str, str]) -> int:

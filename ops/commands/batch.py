@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from dispatcher.batch.feeder import BatchFeeder
 from dispatcher.batch.objects import Batch
+from ops.console import JsonOpt, console, print_json, print_rows, stop_on_sigterm, watch_batch
 from ops.console import client as _client
-from ops.console import console, stop_on_sigterm, watch_batch
 
 app = typer.Typer(help="Offline batch jobs: OpenAI Batch JSONL in, JSONL out.", no_args_is_help=True)
 
@@ -66,12 +65,17 @@ def submit(
 def status(
     batch_id: str,
     watch: Annotated[bool, typer.Option(help="a progress bar with tok/s and ETA until the batch ends")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """A batch's status and request counts."""
     client = _client()
     if watch:
         watch_batch(client, batch_id)
-    _show(client.batches.retrieve(batch_id))
+    batch = client.batches.retrieve(batch_id)
+    if as_json:
+        print_json(batch.model_dump(mode="json"))
+        return
+    _show(batch)
 
 
 @app.command("results")
@@ -94,25 +98,21 @@ def results(
 
 
 @app.command("list")
-def list_(limit: Annotated[int, typer.Option(help="how many, newest first")] = 20) -> None:
+def list_(limit: Annotated[int, typer.Option(help="how many, newest first")] = 20, as_json: JsonOpt = False) -> None:
     """Recent batches."""
-    table = Table(title="batches")
-    for col in ("id", "status", "created", "total", "completed", "failed", "tokens", "input"):
-        table.add_column(col)
-    for b in _client().batches.list(limit=limit):
+    found = _client().batches.list(limit=limit)
+    if as_json:
+        print_json([b.model_dump(mode="json") for b in found])
+        return
+    rows = []
+    for b in found:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b.created_at))
         c = b.request_counts
-        table.add_row(
-            b.id,
-            b.status,
-            created,
-            str(c.total),
-            str(c.completed),
-            str(c.failed),
-            str(b.completion_tokens),
-            b.input_file or "-",
-        )
-    console.print(table)
+        rows.append(
+            (b.id, b.status, created, str(c.total), str(c.completed), str(c.failed), str(b.completion_tokens),
+             b.input_file or "-")
+        )  # fmt: skip
+    print_rows("batches", ("id", "status", "created", "total", "completed", "failed", "tokens", "input"), rows)
 
 
 @app.command("cancel")

@@ -6,31 +6,32 @@ import logging
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from core import settings
 from core.errors import JobError
 from core.jobs import BACKENDS
 from dispatcher.batch.feeder import BatchFeeder
 from dispatcher.parts import DispatchParts
-from ops.console import ModelOpt, broker_url, console
+from ops.console import JsonOpt, ModelOpt, broker_url, console, print_json, print_rows
 from ops.console import client as _client
 
 
-def workers() -> None:
+def workers(as_json: JsonOpt = False) -> None:
     """The live fleet, from worker heartbeats."""
     fleet = _client().workers()
-    table = Table(title=f"{len(fleet.workers)} live worker(s)")
-    for col in ("worker", "backend", "hardware", "models", "status", "health", "load", "queues"):
-        table.add_column(col)
+    if as_json:
+        print_json([w.model_dump(mode="json") for w in fleet.workers])
+        return
+    rows = []
     for w in fleet.workers:
         gpus = ", ".join(f"{g.name} {g.memory_total_mb // 1024} GiB" for g in w.hardware.gpus)
         hw = gpus or f"CPU {w.hardware.cpu_cores} cores, {w.hardware.ram_gb} GiB"
         load = f"{w.in_flight}/{w.capacity}"
-        table.add_row(
-            w.worker_id, w.backend, hw, ", ".join(w.models), w.status, w.health.describe(), load, ", ".join(w.queues)
+        rows.append(
+            (w.worker_id, w.backend, hw, ", ".join(w.models), w.status, w.health.describe(), load, ", ".join(w.queues))
         )
-    console.print(table)
+    columns = ("worker", "backend", "hardware", "models", "status", "health", "load", "queues")
+    print_rows(f"{len(fleet.workers)} live worker(s)", columns, rows)
 
 
 def worker(

@@ -111,6 +111,14 @@ def test_200_lines_with_10_bad_ones_give_190_outputs_and_10_errors_in_input_orde
     assert batch.status == "completed"
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (200, 190, 10)
     assert batch.backends == {"llamacpp": 190}
+    status = json.loads(ib("batch", "status", batch_id, "--json", redis_url=redis_url).stdout)
+    assert status["status"] == "completed" and status["request_counts"] == {
+        "total": 200,
+        "completed": 190,
+        "failed": 10,
+    }
+    # the ended batch's staged input leaves Redis (it stayed for the window + 7 days)
+    wait_for(lambda: not client.redis.exists(keys.batch_lines(batch_id)), 10, "the staged input deleted")
 
     out, err = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
     done = ib("batch", "results", batch_id, "-o", str(out), "--errors", str(err), redis_url=redis_url)

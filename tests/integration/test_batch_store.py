@@ -18,6 +18,7 @@ from core.records import CHAT_URL, line_job_id
 from core.store import keys
 from core.store.jobstore import LineRecord
 from dispatcher.batch.feeder import BatchFeeder
+from dispatcher.batch.objects import BatchInputError
 from dispatcher.client import Client
 
 pytestmark = pytest.mark.integration
@@ -180,6 +181,15 @@ def test_a_batch_past_its_window_expires(client):
     done = client.batches.retrieve(batch.id)
     assert done.status == "expired" and done.expired_at
     assert [r["error"]["code"] for r in client.batches.results(batch.id)] == ["batch_expired"] * 3
+    assert not client.redis.exists(keys.batch_lines(batch.id))  # its staged input went with it
+
+
+def test_a_completion_window_past_the_configured_longest_is_refused(client):
+    """A 99999d window kept a batch's data in Redis for ever (window + retention)."""
+    with pytest.raises(BatchInputError, match="longer than this fleet allows"):
+        client.batches.create([good(1)], completion_window="99999d")
+    with pytest.raises(BatchInputError, match="not a duration"):
+        client.batches.create([good(1)], completion_window="9" * 5000 + "d")
 
 
 def test_an_interrupted_or_abandoned_validation_fails_the_batch(client, url, monkeypatch):

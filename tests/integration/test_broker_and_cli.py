@@ -107,8 +107,14 @@ def test_ib_models_list(redis_url):
 
 
 def test_ib_submit_and_workers_against_a_live_worker(redis_url, pytorch_worker):
-    out = ib("workers", redis_url=redis_url)
-    assert pytorch_worker.worker_id in out.stdout
+    # In a pipe at 80 columns (`ib workers | grep pytorch`): one whole line per worker, not
+    # a table squeezed until the ids are cut.
+    out = ib("workers", redis_url=redis_url, env={"COLUMNS": "80"})
+    row = next(line for line in out.stdout.splitlines() if line.startswith(pytorch_worker.worker_id + "\t"))
+    assert row.split("\t")[1] == "pytorch", out.stdout
+    listed = json.loads(ib("workers", "--json", redis_url=redis_url).stdout)
+    mine = next(w for w in listed if w["worker_id"] == pytorch_worker.worker_id)
+    assert mine["backend"] == "pytorch" and mine["capacity"] >= 1
     out = ib(
         "submit",
         "-m",

@@ -72,3 +72,28 @@ def test_undecodable_foreign_and_drifted_messages_become_dead_letters_not_lost_j
     record = wait_for(lambda: (r := client.record(drifted.id)).get("final") and r, 30, "the job failed again")
     assert json.loads(record["error"])["details"]["dead_letter"] == again[0].id
     assert ib("dead-letters", "drop", "--all", redis_url=redis_url).returncode == 0 and letters.count() == 0
+
+
+def test_dead_letters_are_capped_in_bytes_the_oldest_dropped_first(redis_url):
+    """A count cap alone let 10,000 letters of up to 8 MiB each fill Redis."""
+    import redis
+
+    from conftest import own_database
+    from core.store.dead_letters import DeadLetter
+
+    with own_database(redis_url, 10) as url:
+        letters = DeadLetters(redis.Redis.from_url(url), cap=100, max_bytes=50_000)
+        kept = []
+        for i in range(10):
+            letter = DeadLetter(reason="undecodable", detail="x", queue="ib.llamacpp", body="b" * 10_000, at=1000.0 + i)
+            letters.add(letter)
+            kept.append(letter.id)
+        left = [d.id for d in letters.list(limit=100)]
+        assert left == kept[::-1][: len(left)] and 3 <= len(left) <= 4  # the newest, each ~10.4 kB
+        assert letters.bytes() <= 50_000
+        assert letters.bytes() == sum(len(v) for v in letters.r.hvals("ib:dead-letters"))
+        huge = DeadLetter(reason="undecodable", detail="x", queue="ib.llamacpp", body="h" * 80_000, at=2000.0)
+        assert letters.add(huge) == len(left)  # over the cap alone: it stays, every older one goes
+        assert [d.id for d in letters.list()] == [huge.id]
+        letters.remove(huge.id)
+        assert letters.bytes() == 0 and letters.count() == 0

@@ -8,12 +8,14 @@ import json
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from conftest import ARTIFACTS, start_worker, wait_for
+from core.store import keys
 from ops.local.processes import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -151,6 +153,34 @@ def test_a_batch_through_files_and_batches_with_a_bad_line_in_the_error_file(sdk
     meta = sdk.files.retrieve(batch.output_file_id)
     assert meta.purpose == "batch_output" and meta.bytes == len(sdk.files.content(batch.output_file_id).content)
     assert batch.id in [b.id for b in sdk.batches.list(limit=100)]
+
+
+def test_uploaded_files_expire_in_redis_and_on_disk(sdk, gateway, redis_url, tmp_path):
+    """Uploads never expired: their records stayed in Redis and their bytes on disk."""
+    from core.connection import redis_client
+    from gateway.files import FileStore
+
+    path = tmp_path / "small.jsonl"
+    path.write_text('{"custom_id": "a", "body": {}}\n')
+    short = sdk.files.create(
+        file=path.open("rb"), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600}
+    )
+    default = sdk.files.create(file=path.open("rb"), purpose="batch")
+    assert short.expires_at == short.created_at + 3600
+    assert default.expires_at == default.created_at + 30 * 86400  # gateway.file_expiry_s
+    r = redis_client(redis_url)
+    assert 3590 < r.ttl(keys.file(short.id)) <= 3600
+    with pytest.raises(openai.BadRequestError, match="expires_after"):
+        sdk.files.create(file=path.open("rb"), purpose="batch", expires_after={"anchor": "created_at", "seconds": 60})
+
+    store = FileStore(r, gateway.env["IB_GATEWAY_FILES_URL"], 1 << 20)
+    on_disk = list(Path(gateway.env["IB_GATEWAY_FILES_URL"]).rglob(short.id))
+    assert len(on_disk) == 1
+    assert store.prune(time.time() + 3601) >= 1  # what the gateway's minute sweep does, an hour on
+    assert not on_disk[0].exists()
+    with pytest.raises(openai.NotFoundError):
+        sdk.files.retrieve(short.id)
+    assert sdk.files.retrieve(default.id).id == default.id  # a month to go
 
 
 def test_a_cancelled_batch_stops_and_accounts_for_every_line(sdk, tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from conftest import wait_for
+from core.errors import JobError
 from core.store import keys
 from core.store.jobstore import JobStore
 
@@ -112,3 +113,36 @@ def test_wait_times_out_with_none(store):
     t0 = time.monotonic()
     assert store.wait(job, timeout=0.5) is None
     assert 0.4 < time.monotonic() - t0 < 2.5
+
+
+def test_a_wait_notices_a_record_that_expires_meanwhile(store):
+    """Before, a waiter whose job record expired (or was deleted) waited for ever."""
+    from core.errors import UnknownJobError
+
+    job = uuid.uuid4().hex
+    store.claim([(job, {})])
+    store.r.pexpire(keys.job(job), 300)
+    t0 = time.monotonic()
+    with pytest.raises(UnknownJobError, match="expired while waiting"):
+        store.wait(job, timeout=None)
+    assert time.monotonic() - t0 < 5  # at the next wait slice, not never
+
+
+def test_client_result_waits_a_finite_time_unless_told(redis_url):
+    """``result()`` used to default to timeout=None: for ever."""
+    import math
+
+    from core.errors import JobTimeoutError
+    from dispatcher.client import Client
+
+    with Client(redis_url) as client:
+        assert client.parts.result_timeout_s == 7200  # client.result_timeout_s
+        job = uuid.uuid4().hex
+        client.store.claim([(job, {})])
+        client.parts.result_timeout_s = 0.3  # as IB_CLIENT_RESULT_TIMEOUT_S=0.3 would set it
+        with pytest.raises(JobTimeoutError, match="not finished after 0.3 s"):
+            client.result(job)
+        done = threading.Timer(0.5, lambda: client.store.finish(job, "failed", {"code": "engine_failure"}))
+        done.start()
+        with pytest.raises(JobError):
+            client.result(job, timeout=math.inf)  # for ever, on request: until it ends
