@@ -207,6 +207,10 @@ class GenerationJob(BaseModel):
     # Speculative decoding: None = the backend's default, False = never (opt out), True = wanted.
     speculative: bool | None = None
     tool_calling: ToolCalling | None = None  # the answer is read back as tool calls
+    # Prefix caches and hints share prompt state only among jobs of one salt (core.tenancy);
+    # the leading ``public_messages`` messages are shared with every salt. None: unsalted.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=128)
+    public_messages: int = Field(default=0, ge=0, le=1)
     submitted_at: float = Field(default_factory=time.time)
 
     @model_validator(mode="after")

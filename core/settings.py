@@ -97,6 +97,8 @@ class PrefixSettings(Section):
     max_blocks: int
     hint_ttl_s: int
     max_worker_blocks: int
+    tenant_isolation: bool = True
+    shared_system_prompts: list[str] = []
 
 
 class ClientSettings(Section):

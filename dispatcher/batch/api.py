@@ -97,6 +97,7 @@ class Batches:
         # A line that names no max_tokens gets what a gateway request gets.
         max_tokens = default_max_tokens()
         defaults = {"model": model, "priority": priority, "batch_id": batch_id, "slo": slo, "max_tokens": max_tokens}
+        defaults["owner"] = owner  # the gateway's tenant: its lines are salted (core.tenancy)
         self._stage(BatchInput(batch_id, lines, defaults, endpoint, purge_at, progress))
         return self.retrieve(batch_id)
 

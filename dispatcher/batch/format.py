@@ -22,6 +22,7 @@ from core.jobs import GenerationJob, Priority
 from core.openai_bodies import default_max_tokens, endpoint_of, parse_request
 from core.records import CHAT_URL, COMPLETIONS_URL, line_job_id
 from core.registry import ModelRegistry
+from core.tenancy import scoped
 from dispatcher.batch.input import LineProblem
 
 
@@ -157,7 +158,8 @@ def _job(
         fields = {"custom_id": custom_id, "stream": False, **batch_ids(defaults.get("batch_id"), line_no)}
         fields.update({k: defaults[k] for k in ("batch_id", "slo") if defaults.get(k) is not None})
         priority = Priority(defaults.get("priority") or Priority.batch)
-        return request.to_job(defaults.get("max_tokens") or default_max_tokens(), priority, **fields)
+        job = request.to_job(defaults.get("max_tokens") or default_max_tokens(), priority, **fields)
+        return scoped(job, defaults.get("owner"))  # a gateway tenant's batch shares no cache with others
     except UnknownModelError as exc:
         raise _Refused(LineError(line_no, custom_id, "model_not_found", f"line {line_no}: {exc.message}")) from None
     except JobValidationError as exc:

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,21 @@ def model_identity(model: ModelSpec) -> str:
     return f"{model.name}@{model.revision or ''}"
 
 
-def chain(units: list[int] | bytes, block_size: int, root: str, max_blocks: int) -> list[str]:
-    """Chain-hash the full blocks of ``units`` (token ids, or bytes of text): hex digests."""
+def chain(
+    units: list[int] | bytes, block_size: int, root: str, max_blocks: int, salt: str | None = None, public: int = 0
+) -> list[str]:
+    """Chain-hash the full blocks of ``units`` (token ids, or bytes of text): hex digests.
+    ``salt`` (core.tenancy) enters the chain at the first block not wholly within the
+    ``public`` leading units: equal prompts of two salts share only their public blocks."""
+    unit = 4 if isinstance(units, list) else 1
     data = array("I", units).tobytes() if isinstance(units, list) else units
-    width = block_size * (4 if isinstance(units, list) else 1)
+    width = block_size * unit
     parent = hashlib.blake2b(root.encode(), digest_size=16).digest()
     out: list[str] = []
     for start in range(0, min(len(data) // width, max_blocks) * width, width):
+        if salt is not None and start + width > public * unit:
+            parent = hashlib.blake2b(parent + salt.encode(), digest_size=16).digest()
+            salt = None  # once: every later block hangs off the salted one
         parent = hashlib.blake2b(parent + data[start : start + width], digest_size=16).digest()
         out.append(parent.hex())
     return out
@@ -174,7 +182,21 @@ class PrefixHasher:
         root = f"{model_identity(model)}/{block}"
         if ids is None:
             ids = self.prompt_ids(job, model)
+        salt = job.cache_salt
+        shared = job.public_messages and salt is not None
         if ids is None:
-            text = render(job, None)
-            return chain(text.encode(), block * CHARS_PER_BLOCK_FALLBACK, root + "#chars", self.max_blocks)
-        return chain(ids[: block * self.max_blocks], block, root, self.max_blocks)
+            text = render(job, None).encode()
+            public = _common(render(_public_part(job), None).encode(), text) if shared else 0
+            return chain(text, block * CHARS_PER_BLOCK_FALLBACK, root + "#chars", self.max_blocks, salt, public)
+        public = _common(self.prompt_ids(_public_part(job), model) or [], ids) if shared else 0
+        return chain(ids[: block * self.max_blocks], block, root, self.max_blocks, salt, public)
+
+
+def _public_part(job: GenerationJob) -> GenerationJob:
+    """The job's public leading messages alone (core.tenancy)."""
+    return job.model_copy(update={"messages": (job.messages or [])[: job.public_messages]})
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading items ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

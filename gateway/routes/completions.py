@@ -27,6 +27,7 @@ from core.openai_bodies import parse_request
 from core.records import CHAT_URL, COMPLETIONS_URL, response_body
 from core.store.jobstore import wait_async
 from core.store.streams import StreamRestartedError, read_stream_async
+from core.tenancy import scoped
 from dispatcher.client import JobHandle
 from gateway.auth import authenticate
 from gateway.errors import STORE_FAULTS, APIError, store_fault
@@ -75,15 +76,18 @@ def submit_within_quota(fleet: Fleet, tenant: str, job: GenerationJob) -> JobHan
         raise
 
 
-def request_job(body: dict[str, Any], url: str, default_max_tokens: int) -> tuple[OpenAIRequest, GenerationJob]:
-    """The body read as every door reads it (a 400 naming the field if it is refused)."""
+def request_job(
+    body: dict[str, Any], url: str, default_max_tokens: int, tenant: str
+) -> tuple[OpenAIRequest, GenerationJob]:
+    """The body read as every door reads it (a 400 naming the field if it is refused), as
+    the tenant's (core.tenancy: its cached prompt state is its own)."""
     req = parse_request(url, body)
-    return req, req.to_job(default_max_tokens, id=uuid.uuid4().hex)
+    return req, scoped(req.to_job(default_max_tokens, id=uuid.uuid4().hex), tenant)
 
 
 async def answer(request: Request, tenant: str, url: str) -> Response:
     fleet = fleet_of(request)
-    req, job = request_job(await read_json(request), url, fleet.cfg.default_max_tokens)
+    req, job = request_job(await read_json(request), url, fleet.cfg.default_max_tokens, tenant)
     handle = await anyio.to_thread.run_sync(submit_within_quota, fleet, tenant, job)
     if req.stream:
         chunks = Chunks(url, handle.id, req.model, req.include_usage, tools=job.tool_calling is not None)

@@ -4,10 +4,12 @@ exactly as an existing script would drive OpenAI."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -24,6 +26,8 @@ MODEL = "smollm2-135m"
 KEY_A, KEY_B = "test-key-alpha", "test-key-bravo"
 ASK = [{"role": "user", "content": "Name a river in Germany."}]
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+# A system prompt the operator shares across API keys (prefix.shared_system_prompts).
+SHARED_SYSTEM = "You are the fleet's public helpdesk assistant. " * 8
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +43,7 @@ def gateway_env(tmp_path, **extra: str) -> dict[str, str]:
         "IB_API_KEYS_FILE": str(tmp_path / "no-keys-file"),
         "IB_GATEWAY_FILES_URL": str(tmp_path / "files"),
         "IB_GATEWAY_MAX_FILE_BYTES": str(1 << 20),
+        "IB_PREFIX_SHARED_SYSTEM_PROMPTS": json.dumps([hashlib.sha256(SHARED_SYSTEM.encode()).hexdigest()]),
         **extra,
     }
 
@@ -181,6 +186,35 @@ def test_uploaded_files_expire_in_redis_and_on_disk(sdk, gateway, redis_url, tmp
     with pytest.raises(openai.NotFoundError):
         sdk.files.retrieve(short.id)
     assert sdk.files.retrieve(default.id).id == default.id  # a month to go
+
+
+def test_a_tenant_sees_no_cached_tokens_for_another_tenants_prompt(sdk, sdk_b):
+    """cached_tokens told key B that key A had just sent the same prompt (one shared
+    prefix cache). Now each key's cached state is its own, except a system prompt the
+    operator marked shared: B reuses that much of A's state, and nothing after it."""
+
+    def cached(client: openai.OpenAI, messages: list[dict]) -> tuple[int, int]:
+        usage = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0).usage
+        return usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens
+
+    private = [
+        {"role": "system", "content": f"Case {uuid.uuid4().hex}: you are a careful assistant. " * 6},
+        {"role": "user", "content": "Say hi."},
+    ]
+    assert cached(sdk, private)[0] == 0
+    again, total = cached(sdk, private)
+    assert again >= total - 16  # A's own repeat: the whole prompt but its tail, from A's cache
+    assert cached(sdk_b, private)[0] == 0  # B learns nothing of A's prompt
+
+    shared = [
+        {"role": "system", "content": SHARED_SYSTEM},
+        {"role": "user", "content": f"Ticket {uuid.uuid4().hex}: my order is late, what now?"},
+    ]
+    cached(sdk, shared)
+    own, total = cached(sdk, shared)
+    from_a, _ = cached(sdk_b, shared)
+    assert own >= total - 16
+    assert 32 <= from_a < total - 20  # the shared system prompt only: not B's-and-A's user message
 
 
 def test_a_cancelled_batch_stops_and_accounts_for_every_line(sdk, tmp_path):

@@ -39,6 +39,20 @@ def test_shared_prefixes_match_block_by_block_and_then_never_again():
     assert all(x != y for x, y in zip(ca[4:], cb[4:]))  # a chain: once apart, apart for good
 
 
+def test_salted_chains_share_only_their_public_blocks():
+    """core.tenancy: two tenants' equal prompts get different hashes (no hint, no
+    "N blocks cached" in the decision path, tells one of the other), except the blocks
+    wholly within a public prefix (a shared system prompt)."""
+    ids = list(range(160))  # 10 blocks of 16
+    plain = chain(ids, 16, "m@r/16", 256)
+    a, b = chain(ids, 16, "m@r/16", 256, salt="a"), chain(ids, 16, "m@r/16", 256, salt="b")
+    assert not set(a) & set(b) and not set(a) & set(plain)
+    a_pub, b_pub = (chain(ids, 16, "m@r/16", 256, salt=s, public=40) for s in ("a", "b"))
+    assert a_pub[:2] == b_pub[:2] == plain[:2]  # blocks 0-31 lie within the 40 public tokens
+    assert not set(a_pub[2:]) & set(b_pub[2:])  # the block crossing token 40, and all after, are salted
+    assert chain(ids, 16, "m@r/16", 256, salt="a") == a  # stable
+
+
 def test_chains_differ_per_model_and_revision():
     ids = list(range(64))
     assert chain(ids, 16, "m@1", 256) != chain(ids, 16, "m@2", 256) != chain(ids, 16, "n@1", 256)

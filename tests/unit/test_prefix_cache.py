@@ -70,3 +70,22 @@ def test_wants_skips_short_prompts_and_exact_repeats():
     c.put(SYSTEM, b"s")
     assert not c.wants(SYSTEM)
     assert not PrefixStateCache(budget_bytes=0).wants(SYSTEM)
+
+
+def test_a_salt_reuses_only_its_own_states_and_the_public_prefix_of_others():
+    """core.tenancy: cached_tokens must not tell one tenant what another sent."""
+    from workers.engines.prefix_cache import Scope
+
+    cache = PrefixStateCache(budget_bytes=1 << 20, min_tokens=8)
+    prompt = list(range(100))
+    cache.put(prompt, b"state-a", Scope("tenant-a", public=40))
+    assert cache.lookup(prompt, Scope("tenant-a")).tokens == 100
+    assert cache.lookup(prompt, Scope("tenant-b")) is None  # another tenant: nothing
+    assert cache.lookup(prompt, Scope(None)) is None  # nor an unsalted job
+    shared = cache.lookup(prompt, Scope("tenant-b", public=40))
+    assert shared is not None and shared.tokens == 40  # the shared system prompt, and no further
+    assert cache.lookup(prompt, Scope("tenant-b", public=4)) is None  # under min_tokens
+    assert cache.wants(prompt, Scope("tenant-b")) and not cache.wants(prompt, Scope("tenant-a"))
+    cache.put(prompt, b"state-b", Scope("tenant-b"))
+    assert len(cache) == 2  # one per salt: b's put does not replace a's entry
+    assert cache.lookup(prompt, Scope("tenant-a")).state == b"state-a"

@@ -218,7 +218,22 @@ class Engine(ABC, Generic[SpecT]):
             echo=job.echo,
             logprobs=None if job.sampling.logprobs is None else [],
             prompt_logprobs=None if job.sampling.prompt_logprobs is None else [None],
+            cache_salt=job.cache_salt,
+            public_tokens=self.public_tokens(job, prompt_ids),
         )
+
+    def public_tokens(self, job: GenerationJob, prompt_ids: list[int]) -> int:
+        """Leading prompt tokens of the job's public messages (core.tenancy): those of the
+        shared messages rendered alone, as far as they agree with the whole prompt's."""
+        if not job.public_messages or job.messages is None or job.cache_salt is None:
+            return 0
+        alone = self.encode(job.model_copy(update={"messages": job.messages[: job.public_messages]}))
+        n = 0
+        for a, b in zip(alone, prompt_ids):
+            if a != b:
+                break
+            n += 1
+        return n
 
     @property
     def vocab_size(self) -> int | None:

@@ -63,6 +63,8 @@ class EngineRequest:
     logprob_reader: Logprobs | None = None  # reads each position's logprobs (the job asked for them)
     logprobs: list[TokenLogprob] | None = None
     echo: bool = False  # the answer starts with the prompt
+    cache_salt: str | None = None  # prefix-cache scope (core.tenancy)
+    public_tokens: int = 0  # leading prompt tokens shared with every salt
     prompt_logprobs: list[TokenLogprob | None] | None = None  # filled while the prompt is evaluated (echo)
 
     @property

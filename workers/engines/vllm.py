@@ -266,6 +266,8 @@ class VllmEngine(HFTokenizerMixin, Engine[VllmSpec]):
 
         params = to_vllm_sampling(r.sampling, RequestOutputKind.DELTA)
         prompt = TokensPrompt(prompt_token_ids=r.prompt_ids)
+        if r.cache_salt is not None:  # core.tenancy: vLLM salts the whole prompt's block hashes
+            prompt["cache_salt"] = r.cache_salt
         async for out in self.llm.generate(prompt, params, request_id=r.request_id):
             completion = out.outputs[0]
             if r.prompt_logprobs is not None and out.prompt_logprobs and len(r.prompt_logprobs) == 1:

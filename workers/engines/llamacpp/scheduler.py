@@ -26,7 +26,7 @@ from workers.engines.base import Engine
 from workers.engines.decoding import append_token
 from workers.engines.llamacpp.sequence import Sequence, make_sampler, reservation
 from workers.engines.llamacpp.speculative import PromptLookup
-from workers.engines.prefix_cache import PrefixStateCache, common_prefix_len
+from workers.engines.prefix_cache import PrefixStateCache, Scope, common_prefix_len
 from workers.engines.request import EngineRequest, fail_requests
 from workers.engines.shaping import penalized
 
@@ -122,16 +122,19 @@ class Scheduler:
     def _admit_one(self, r: EngineRequest) -> None:
         if not self.engine.drop_cancelled([r]):
             return  # cancelled (or given up on) while waiting: answered, never started
-        if not self._free or self._reserved + reservation(r) > self.n_ctx or self._prefix_in_progress(r.prompt_ids):
+        if not self._free or self._reserved + reservation(r) > self.n_ctx or self._prefix_in_progress(r):
             self._held.append(r)
         else:
             self._start(r)
 
-    def _prefix_in_progress(self, prompt: list[int]) -> bool:
+    def _prefix_in_progress(self, r: EngineRequest) -> bool:
+        """A running prompt whose state this one could reuse is still being evaluated."""
         need = self.prefix_cache.min_tokens
-        p = np.asarray(prompt)
+        p, mine = np.asarray(r.prompt_ids), scope_of(r)
         return any(
-            s.prefilling and s.save_prefix and common_prefix_len(p, np.asarray(s.request.prompt_ids)) >= need
+            s.prefilling
+            and s.save_prefix
+            and mine.reusable(scope_of(s.request), common_prefix_len(p, np.asarray(s.request.prompt_ids))) >= need
             for s in self._running
         )
 
@@ -141,7 +144,7 @@ class Scheduler:
         prompt = r.prompt_ids
         n_past = 0
         # An echo needs the logits of every prompt position: nothing comes from the cache.
-        hit = None if r.prompt_logprobs is not None else self.prefix_cache.lookup(prompt)
+        hit = None if r.prompt_logprobs is not None else self.prefix_cache.lookup(prompt, scope_of(r))
         if hit is not None:
             # Never the last prompt token: its logits are needed. The rest of the prompt is
             # still cut on the prefill_chunk grid (see _step), as a cold evaluation cuts it.
@@ -158,7 +161,7 @@ class Scheduler:
             sampler=make_sampler(r.sampling, self.n_vocab),
             pending=prompt[n_past:],
             n_past=n_past,
-            save_prefix=self.prefix_cache.wants(prompt),
+            save_prefix=self.prefix_cache.wants(prompt, scope_of(r)),
         )
         self._running.append(sequence)
 
@@ -313,7 +316,7 @@ class Scheduler:
         size = llama_cpp.llama_state_seq_get_size(self.ctx, s.seq_id)
         buf = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, s.seq_id)
-        self.prefix_cache.put(s.request.prompt_ids, ctypes.string_at(buf, written))
+        self.prefix_cache.put(s.request.prompt_ids, ctypes.string_at(buf, written), scope_of(s.request))
 
     def _finish(self, s: Sequence, reason: str) -> None:
         if s.request.future.done():
@@ -321,3 +324,8 @@ class Scheduler:
         s.request.finish_reason = reason
         self.engine.deliver(s.request)
         self._release(s)
+
+
+def scope_of(r: EngineRequest) -> Scope:
+    """Whose cached prompt states the request may reuse (workers.engines.prefix_cache)."""
+    return Scope(r.cache_salt, r.public_tokens)
