@@ -7,8 +7,9 @@ queue, no unacked set and no in-flight record, so neither the reaper nor the vis
 timeout can give it back, and its job record stays ``queued`` for ever. A batch would
 never finish. The batch still holds every line's request (its staged input), so the
 feeder can send such a line again: when a batch has had no line finish for
-``batch.lost_line_check_s``, its fed lines with no record whose job never started are
-looked for in their queues and in the unacked set, and the feeder decides and sends
+``batch.lost_line_check_s``, its fed lines with no record whose job never started (or
+is "running" on a worker whose heartbeat is gone) are looked for in their queues and in
+the unacked set, and the feeder decides and sends
 again those found nowhere (dispatcher.batch.feeder). A line sent again that was in fact
 still on its way to a live worker is answered once all the same (the job record lets one
 delivery run it).
@@ -86,9 +87,18 @@ class LostLines:
             return []
         pipe = self.r.pipeline(transaction=False)
         for job_id in open_ids:
-            pipe.hmget(keys.job(job_id), "status", "queue")
+            pipe.hmget(keys.job(job_id), "status", "queue", "worker")
+        states = dict(zip(open_ids, pipe.execute()))
+        # "running" on a worker that is gone: its run ended with it; if its message was not
+        # held anywhere (its ack landed, or it was lost with the worker) nothing runs it again
+        runners = {w for status, _, w in states.values() if status == b"running" and w}
+        gone_workers = {
+            w for w, beat in zip(runners, self.r.mget([keys.worker(w.decode()) for w in runners])) if not beat
+        }
         waiting = {
-            job_id: q.decode() for job_id, (status, q) in zip(open_ids, pipe.execute()) if status == b"queued" and q
+            job_id: q.decode()
+            for job_id, (status, q, worker) in states.items()
+            if q and (status == b"queued" or (status == b"running" and worker in gone_workers))
         }
         if not waiting:
             return []

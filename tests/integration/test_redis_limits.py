@@ -273,3 +273,45 @@ def test_a_worker_and_the_gateway_refuse_an_evicting_redis_in_one_line(tmp_path)
             assert "Traceback" not in out.stdout + out.stderr
     finally:
         server.stop()
+
+
+def test_a_batch_line_left_running_by_a_worker_that_is_gone_is_sent_again(redis_url, monkeypatch):
+    """A line whose record says "running" on a worker that died, and whose message is in no
+    queue and no unacked set (its ack landed, or it left with the worker), was never run
+    again: the lost-line sweep looked only at "queued" lines. Now it sends it again."""
+    import os
+    import signal
+
+    from conftest import own_database
+    from dispatcher.batch.feeder import BatchFeeder
+    from dispatcher.client import Client
+
+    monkeypatch.setenv("IB_BATCH_LOST_LINE_CHECK_S", "2")
+    with own_database(redis_url, 7) as url, Client(url) as client:
+        worker = start_worker(url, "llamacpp", extra_args=["--threads=1"], env={"IB_BATCH_FEEDER_IN_WORKERS": "false"})
+        feeder = None
+        try:
+            os.kill(worker.proc.pid, signal.SIGSTOP)  # taking nothing while the line is "lost"
+            lines = [{"custom_id": f"r{i}", "prompt": f"Fact {i} about lakes:", "max_tokens": 5} for i in range(4)]
+            batch = client.batches.create(lines, model=MODEL)
+            feeder = BatchFeeder(client.parts, "test-feeder")
+            feeder.run(once=True)
+            queues = [k for k in client.redis.scan_iter("ib.llamacpp*") if client.redis.type(k) == b"list"]
+            taken = json.loads(next(m for q in queues if (m := client.redis.rpop(q)) is not None))
+            from core.celery_app import group_members
+
+            lost = group_members(taken["headers"]) or [taken["headers"]["id"]]
+            for job_id in lost:  # as a worker that began them, then died, left them
+                client.store.begin(job_id, "llamacpp-gone-for-good")
+                assert client.status(job_id) == "running"
+            os.kill(worker.proc.pid, signal.SIGCONT)
+            feeder.start()
+            final = wait_for(lambda: (b := client.batches.retrieve(batch.id)).is_final and b, 120, "the batch")
+            assert (final.status, final.request_counts.completed) == ("completed", 4)
+            assert sorted(r["custom_id"] for r in client.batches.results(batch.id)) == [f"r{i}" for i in range(4)]
+            assert all(client.record(job_id)["worker"] == worker.worker_id for job_id in lost)
+        finally:
+            if feeder is not None:
+                feeder.stop()
+            os.kill(worker.proc.pid, signal.SIGCONT)
+            worker.kill()
