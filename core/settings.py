@@ -197,6 +197,7 @@ class HealthSettings(Section):
     max_gpu_temp_c: float
     max_ecc_uncorrected: int
     xid_fatal: bool
+    own_queue_grace_s: float = Field(ge=0)
 
 
 class FleetSettings(BaseSettings):

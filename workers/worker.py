@@ -295,7 +295,17 @@ class Worker:
                 self.gate.update(self.beat.info.health)
             except Exception:  # tried again at the next beat
                 log.warning("could not change consuming after a health change", exc_info=True)
+            self._hand_over_own_queue()
         self._reap()
+
+    def _hand_over_own_queue(self) -> None:
+        """Unhealthy past ``health.own_queue_grace_s``: what prefix affinity sent to this
+        worker's own queue goes to the shared queue (the reaper does it only for dead
+        workers; a live one that stopped consuming would strand it)."""
+        grace = self.cfg.health.own_queue_grace_s
+        if self.own_queue and not self.gate.consuming and self.gate.stopped_for() >= grace:
+            why = f"unhealthy for {self.gate.stopped_for():.0f} s"
+            reaper.move_own_queue(self.redis, self.worker_id, self.own_queue, self.cfg.priorities.steps(), why)
 
     def _on_ready(self, **_: object) -> None:
         self.ready = True  # the consuming gate acts from the next beat (not here: this thread runs the consumer)

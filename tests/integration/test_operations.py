@@ -222,7 +222,11 @@ def test_flower_dashboard_in_a_real_browser_shows_both_backends_and_a_finished_t
 
 def test_an_unhealthy_worker_stops_taking_jobs_and_loses_none(client, fleet_up, redis_url):
     sick = WorkerProcess(
-        "llamacpp", redis_url, extra_args=["--threads=1"], env={"IB_HEALTH_MAX_RSS_MB": "1"}, log_dir=ARTIFACTS / "logs"
+        "llamacpp",
+        redis_url,
+        extra_args=["--threads=1"],
+        env={"IB_HEALTH_MAX_RSS_MB": "1", "IB_HEALTH_OWN_QUEUE_GRACE_S": "3"},
+        log_dir=ARTIFACTS / "logs",
     ).start()
     try:
         sick.wait_ready(timeout=300, healthy=False)
@@ -237,19 +241,20 @@ def test_an_unhealthy_worker_stops_taking_jobs_and_loses_none(client, fleet_up, 
             timeout=60,
         )
         assert "UNHEALTHY: worker memory" in listing.stdout, listing.stdout
-        # Nothing routes to it; a job already sent to its own queue waits there...
+        # Nothing routes to it; a job already sent to its own queue is not stranded there
+        # while it lives: past the grace its queue goes to the backend's shared queue, and
+        # the healthy llama.cpp worker of the fleet runs it.
         job = GenerationJob(model=MODEL, prompt=f"{SECRET} hello", sampling={"max_tokens": 4}, backend="llamacpp")
         sel = client.decide(job, client.workers())
         assert sel.affinity_worker != sick.worker_id
         own = next(q for q in info.queues if q.endswith(sick.worker_id))
         client.enqueue([(job, Selection(**{**sel.model_dump(), "queue": own}))])
-        time.sleep(6)
-        assert client.status(job.id) == "queued"
+        result = client.result(job.id, timeout=120)
+        assert result.status == "completed" and result.worker != sick.worker_id
+        assert sick.proc.poll() is None  # alive all along: not the dead-worker sweep
+        assert f"worker {sick.worker_id} unhealthy for" in sick.log_path.read_text()
     finally:
         sick.stop()
-    # ...and when that worker leaves, its queue goes to the backend's shared queue: the
-    # healthy llama.cpp worker of the fleet runs it.
-    assert client.result(job.id, timeout=120).status == "completed"
 
 
 def test_explain_under_the_profile_policy_says_where_it_differs_from_the_tree(fleet_up):

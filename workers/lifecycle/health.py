@@ -10,6 +10,7 @@ within bounds it consumes again.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,6 +115,11 @@ class ConsumeGate:
     def __init__(self, cancel: Callable[[str], None], add: Callable[[str], None], queues: list[str]) -> None:
         self.cancel, self.add, self.queues = cancel, add, queues
         self.consuming = True
+        self.stopped_at: float | None = None  # when it stopped consuming (monotonic)
+
+    def stopped_for(self) -> float:
+        """Seconds since it stopped consuming (0 while consuming)."""
+        return 0.0 if self.stopped_at is None else time.monotonic() - self.stopped_at
 
     def update(self, health: Health) -> bool:
         """Apply one health reading; returns True when consuming changed."""
@@ -122,6 +128,7 @@ class ConsumeGate:
         for q in self.queues:
             (self.add if health.ok else self.cancel)(q)
         self.consuming = health.ok
+        self.stopped_at = None if health.ok else time.monotonic()
         if health.ok:
             log.warning("worker healthy again: consuming %s", ", ".join(self.queues))
         else:

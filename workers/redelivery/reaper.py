@@ -227,6 +227,21 @@ def leave(client: redis.Redis, me: str) -> int:
     return sweep_orphans(client)
 
 
+def move_own_queue(client: redis.Redis, worker: str, own_queue: str, priorities: list[int], why: str) -> int:
+    """Move what waits in ``worker``'s own queue (every priority level) to its backend's
+    shared queue, where any worker takes it; returns how many messages moved."""
+    shared = own_queue.rsplit(".", 1)[0] if own_queue.endswith(f".{worker}") else None
+    if shared is None:
+        return 0
+    moved = 0
+    for src, dest in zip(priority_queue_names(own_queue, priorities), priority_queue_names(shared, priorities)):
+        n = int(client.eval(_MOVE, 2, src, dest, f'"routing_key": "{own_queue}"', f'"routing_key": "{shared}"'))
+        if n:
+            log.warning("worker %s %s: moved %d job(s) from its own queue to %s", worker, why, n, dest)
+        moved += n
+    return moved
+
+
 def sweep_orphans(client: redis.Redis) -> int:
     """Move what waits in recently dead workers' own queues (prefix-affinity sends) to
     their backends' shared queues; each is swept for ``SWEEP_S`` after its death."""
@@ -238,17 +253,8 @@ def sweep_orphans(client: redis.Redis) -> int:
     priorities = settings.fleet_config().priorities.steps() if orphans else []
     for worker in orphans:
         own = client.hget(keys.WORKER_QUEUES, worker)
-        if own is None:
-            continue
-        own_queue = own.decode()
-        shared = own_queue.rsplit(".", 1)[0] if own_queue.endswith(f".{worker}") else None
-        if shared is None:
-            continue
-        for src, dest in zip(priority_queue_names(own_queue, priorities), priority_queue_names(shared, priorities)):
-            n = client.eval(_MOVE, 2, src, dest, f'"routing_key": "{own_queue}"', f'"routing_key": "{shared}"')
-            if n:
-                log.warning("worker %s is gone: moved %d job(s) from its own queue to %s", worker, n, dest)
-            moved += int(n)
+        if own is not None:
+            moved += move_own_queue(client, worker, own.decode(), priorities, "is gone")
     expired = [w.decode() for w in client.zrangebyscore(keys.ORPHANED, "-inf", now - SWEEP_S)]
     if expired:
         pipe = client.pipeline()
