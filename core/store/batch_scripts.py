@@ -92,3 +92,21 @@ local fed = tonumber(redis.call('HGET', KEYS[1], 'fed') or '0')
 if tonumber(ARGV[1]) > fed then redis.call('HSET', KEYS[1], 'fed', ARGV[1]) end
 return redis.call('HGET', KEYS[1], 'fed')
 """
+
+# Create an owned batch only if its owner has fewer than ARGV[5] active (0: no limit):
+# the check and the create in one step, so concurrent creates cannot exceed the limit.
+# KEYS: the batch, all batches, active batches, purges, the owner's batches.
+# ARGV: batch id, now, purge_at, purge member, limit, then the record's field/value pairs.
+CREATE_OWNED = """
+local limit = tonumber(ARGV[5])
+if limit > 0 and redis.call('ZINTERCARD', 2, KEYS[5], KEYS[3]) >= limit then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('EXPIREAT', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
+redis.call('ZADD', KEYS[5], ARGV[2], ARGV[1])
+redis.call('EXPIREAT', KEYS[5], ARGV[3], 'GT')
+redis.call('EXPIREAT', KEYS[5], ARGV[3], 'NX')
+return 1
+"""

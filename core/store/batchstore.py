@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from core.store import keys
-from core.store.batch_scripts import ADVANCE, END_VALIDATION, RECORD_LINE, TRANSITION
+from core.store.batch_scripts import ADVANCE, CREATE_OWNED, END_VALIDATION, RECORD_LINE, TRANSITION
 from core.store.fields import field_value
 
 # As OpenAI names them. ``finalizing`` is never held: results are written line by line,
@@ -58,10 +58,13 @@ class BatchStore:
         self._end_validation = client.register_script(END_VALIDATION)
         self._transition = client.register_script(TRANSITION)
         self._advance = client.register_script(ADVANCE)
+        self._create_owned = client.register_script(CREATE_OWNED)
 
     # ------------------------------------------------------------- writing
 
-    def create(self, batch_id: str, fields: dict[str, Any], purge_at: int) -> None:
+    def create(self, batch_id: str, fields: dict[str, Any], purge_at: int, max_active: int = 0) -> bool:
+        """Record a new batch; False (nothing written) if its owner already has
+        ``max_active`` batches validating or running (0: no limit)."""
         now = time.time()
         record = {
             **fields,
@@ -71,18 +74,27 @@ class BatchStore:
             "touched": now,
             "purge_at": purge_at,
         }
+        if fields.get("owner"):
+            owner = fields["owner"]
+            indexes = [keys.BATCHES, keys.ACTIVE_BATCHES, keys.BATCH_PURGES, keys.owner_batches(owner)]
+            created = self._create_owned(
+                keys=[keys.batch(batch_id), *indexes],
+                args=[
+                    batch_id, now, purge_at, f"{batch_id}{PURGE_SEP}{owner}", max_active,
+                    *(x for k, v in record.items() if v is not None for x in (k, field_value(v))),
+                ],
+            )  # fmt: skip
+            self.prune(now)
+            return bool(created)
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(keys.batch(batch_id), mapping={k: field_value(v) for k, v in record.items() if v is not None})
         pipe.expireat(keys.batch(batch_id), purge_at)
         pipe.zadd(keys.BATCHES, {batch_id: now})
         pipe.zadd(keys.ACTIVE_BATCHES, {batch_id: now})
-        pipe.zadd(keys.BATCH_PURGES, {f"{batch_id}{PURGE_SEP}{fields.get('owner') or ''}": purge_at})
-        if fields.get("owner"):  # the index lives as long as the owner's newest batch
-            pipe.zadd(keys.owner_batches(fields["owner"]), {batch_id: now})
-            pipe.expireat(keys.owner_batches(fields["owner"]), purge_at, gt=True)
-            pipe.expireat(keys.owner_batches(fields["owner"]), purge_at, nx=True)
+        pipe.zadd(keys.BATCH_PURGES, {f"{batch_id}{PURGE_SEP}": purge_at})
         pipe.execute()
         self.prune(now)
+        return True
 
     def prune(self, now: float, limit: int = 1000) -> int:
         """Drop batches whose records have expired (past their window and retention) from

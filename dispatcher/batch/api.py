@@ -31,7 +31,7 @@ from core.registry import ModelRegistry
 from core.store.batchstore import BatchStore
 from core.store.jobstore import JobStore
 from dispatcher.batch.input import NotJsonLinesError
-from dispatcher.batch.objects import Batch, BatchInputError, UnknownBatchError, parse_window
+from dispatcher.batch.objects import Batch, BatchInputError, BatchLimitError, UnknownBatchError, parse_window
 from dispatcher.batch.staging import BatchInput, InputSource, Staging, input_lines, validation_errors
 from dispatcher.routing.prefix import PrefixHasher
 
@@ -65,11 +65,13 @@ class Batches:
         progress: Callable[[int], None] | None = None,
         owner: str | None = None,
         input_file_id: str | None = None,
+        max_active: int = 0,
     ) -> Batch:
         """Validate and stage every line; returns once the batch is ``in_progress`` (or
         ``failed`` at validation, with the reason in ``errors``). ``progress`` is called
         with the number of lines read so far, every chunk. ``owner`` (the gateway's API
-        key hash) indexes the batch under that key, for ``list_owned``."""
+        key hash) indexes the batch under that key, for ``list_owned``; ``max_active``: it
+        may have at most this many batches validating or running (BatchLimitError)."""
         self._check(endpoint, model, priority)
         window = completion_window or self.cfg.default_completion_window
         window_s = parse_window(window, self.cfg.max_completion_window)
@@ -89,7 +91,11 @@ class Batches:
             "expires_at": created + window_s,
             "metadata": metadata,
         }
-        self.store.create(batch_id, fields, purge_at)
+        if not self.store.create(batch_id, fields, purge_at, max_active):
+            raise BatchLimitError(
+                f"this API key has {max_active} batches validating or running: retry later",
+                {"max_active": max_active},
+            )
         slo = {
             "latency_target_ms": self.cfg.default_latency_target_ms,
             "throughput_target_tok_s": self.cfg.default_throughput_target_tok_s,

@@ -24,6 +24,13 @@ class BatchInputError(JobError, ValueError):
     code = "invalid_batch"
 
 
+class BatchLimitError(JobError):
+    """The owner has as many batches validating or running as it may (checked and taken
+    in one step: concurrent creates cannot both take the last slot)."""
+
+    code = "batch_limit"
+
+
 class RequestCounts(BaseModel):
     total: int = 0
     completed: int = 0

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from core.openai_bodies import Strict, validate
 from core.records import CHAT_URL, COMPLETIONS_URL
-from dispatcher.batch.objects import Batch
+from dispatcher.batch.objects import Batch, BatchLimitError
 from gateway.auth import authenticate
 from gateway.errors import APIError
 from gateway.limits import read_json
@@ -81,13 +81,6 @@ async def create(request: Request, tenant: str = Depends(authenticate)) -> dict[
     if record["purpose"] != "batch":
         raise APIError(400, f"file {req.input_file_id} was not uploaded with purpose=batch", "invalid_file")
     batches = fleet.client.batches
-    if await anyio.to_thread.run_sync(batches.active_owned, tenant) >= fleet.cfg.max_active_batches_per_key:
-        raise APIError(
-            429,
-            f"this API key has {fleet.cfg.max_active_batches_per_key} batches validating or running: retry later",
-            "batch_limit",
-            headers={"Retry-After": str(fleet.cfg.retry_after_s)},
-        )
 
     def stage() -> Batch:
         with fleet.files.open(record) as fh:
@@ -98,11 +91,15 @@ async def create(request: Request, tenant: str = Depends(authenticate)) -> dict[
                 metadata=req.metadata,
                 owner=tenant,
                 input_file_id=req.input_file_id,
+                max_active=fleet.cfg.max_active_batches_per_key,  # checked and taken in one step
             )
 
     # Validating and staging a file (up to 200 MB) holds a thread for seconds: it takes a
     # slot of the gateway's own small pool for it, not one of the pool interactive submits use.
-    return batch_object(await anyio.to_thread.run_sync(stage, limiter=fleet.batch_staging))
+    try:
+        return batch_object(await anyio.to_thread.run_sync(stage, limiter=fleet.batch_staging))
+    except BatchLimitError as exc:
+        raise APIError(429, exc.message, "batch_limit", headers={"Retry-After": str(fleet.cfg.retry_after_s)}) from None
 
 
 @router.get("/v1/batches/{batch_id}")

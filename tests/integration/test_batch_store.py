@@ -262,3 +262,31 @@ def test_unknown_batch_and_bad_options_are_refused(client):
     with pytest.raises(UnknownModelError, match="known models"):
         client.batches.create([good(1)], model="gpt-9")
     assert client.batches.list() == []  # nothing was stored for a refused batch
+
+
+def test_concurrent_creates_never_exceed_a_keys_active_batch_limit(client):
+    """The gateway counted a key's active batches, then created one: eight creates at once
+    all saw room. Now the count and the create are one step."""
+    import threading
+    import uuid
+
+    from dispatcher.batch.objects import BatchLimitError
+
+    owner = f"tenant-{uuid.uuid4().hex[:8]}"
+    made, refused = [], []
+
+    def create() -> None:
+        try:
+            made.append(client.batches.create([good(1)], owner=owner, max_active=2).id)
+        except BatchLimitError:
+            refused.append(1)
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert (len(made), len(refused)) == (2, 6)
+    assert client.batches.active_owned(owner) == 2
+    client.batches.cancel(made[0])  # a slot comes back when one ends
+    wait_for(lambda: client.batches.active_owned(owner) < 2, 30, "a slot freed")
