@@ -70,7 +70,13 @@ def create_app(
             aredis=aredis,
             cfg=cfg,
             quota=Quota(client.redis, cfg.max_inflight_per_key, cfg.request_timeout_s),
-            files=FileStore(client.redis, files_url(cfg.files_url), cfg.max_file_bytes),
+            files=FileStore(
+                client.redis,
+                files_url(cfg.files_url),
+                cfg.max_file_bytes,
+                cfg.max_files_per_key,
+                cfg.max_file_bytes_per_key,
+            ),
             batch_staging=anyio.CapacityLimiter(cfg.batch_stagings),
         )
         pruning = asyncio.create_task(prune_files(app.state.fleet))

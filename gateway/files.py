@@ -74,11 +74,51 @@ class FileTooLarge(APIError):
         super().__init__(413, f"file larger than {limit} bytes (gateway.max_file_bytes)", "file_too_large", "file")
 
 
+class QuotaExceeded(APIError):
+    def __init__(self, what: str) -> None:
+        super().__init__(400, f"this API key's files would exceed {what}: delete some first", "file_quota", "file")
+
+
+# Record an upload only if its owner stays within its quota (files, bytes): the check and
+# the record in one step, so concurrent uploads cannot exceed it. KEYS: the file, the
+# owner's index, the expiry index, the owner's usage. ARGV: id, created, expires_at, expiry
+# entry, size, max files, max bytes, then the record's field/value pairs.
+_SAVE = """
+local files = tonumber(redis.call('HGET', KEYS[4], 'files') or '0')
+local used = tonumber(redis.call('HGET', KEYS[4], 'bytes') or '0')
+if files + 1 > tonumber(ARGV[6]) then return 0 end
+if used + tonumber(ARGV[5]) > tonumber(ARGV[7]) then return -1 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 8))
+redis.call('EXPIREAT', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+redis.call('HINCRBY', KEYS[4], 'files', 1)
+redis.call('HINCRBY', KEYS[4], 'bytes', ARGV[5])
+for i = 2, 4, 2 do  -- the index and the usage go with the owner's last file
+  redis.call('EXPIREAT', KEYS[i], ARGV[3] + 1, 'GT')
+  redis.call('EXPIREAT', KEYS[i], ARGV[3] + 1, 'NX')
+end
+return 1
+"""
+
+
+def expiry_entry(file_id: str, owner: str, size: int, path: str) -> str:
+    """A file's member of the expiry index: what pruning it needs once its record is gone."""
+    return f"{file_id}|{owner}|{size}|{path}"
+
+
 class FileStore:
-    def __init__(self, client: redis.Redis, url: str, max_bytes: int) -> None:
+    def __init__(
+        self, client: redis.Redis, url: str, max_bytes: int, max_files_per_key: int = 0, max_bytes_per_key: int = 0
+    ) -> None:
+        """``max_bytes``: one file; ``max_files_per_key``, ``max_bytes_per_key``: all of a
+        key's files together (0: no limit)."""
         self.r = client
         self.fs, self.root = fsspec.core.url_to_fs(url)
         self.max_bytes = max_bytes
+        self.max_files_per_key = max_files_per_key or 2**62
+        self.max_bytes_per_key = max_bytes_per_key or 2**62
+        self._save = client.register_script(_SAVE)
 
     def save(self, owner: str, filename: str, purpose: str, src: IO[bytes], expires_s: int) -> dict[str, Any]:
         """Copy an upload into the store a chunk at a time, then record it; it is deleted
@@ -111,13 +151,16 @@ class FileStore:
             "expires_at": int(created + expires_s),
             "path": path,
         }
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(keys.file(file_id), mapping=record)
-        pipe.expireat(keys.file(file_id), record["expires_at"])
-        pipe.zadd(keys.owner_files(owner), {file_id: created})
-        pipe.expireat(keys.owner_files(owner), record["expires_at"] + 1, gt=True)  # the index goes with the last one
-        pipe.zadd(keys.FILE_EXPIRY, {f"{file_id}|{path}": record["expires_at"]})
-        pipe.execute()
+        entry = expiry_entry(file_id, owner, size, path)
+        saved = self._save(
+            keys=[keys.file(file_id), keys.owner_files(owner), keys.FILE_EXPIRY, keys.owner_file_usage(owner)],
+            args=[file_id, created, record["expires_at"], entry, size, self.max_files_per_key, self.max_bytes_per_key]
+            + [x for k, v in record.items() for x in (k, v)],
+        )
+        if saved != 1:
+            self.fs.rm(path)
+            limit = f"{self.max_files_per_key} files" if saved == 0 else f"{self.max_bytes_per_key} bytes"
+            raise QuotaExceeded(limit + " (gateway.max_files_per_key / max_file_bytes_per_key)")
         return record
 
     def prune(self, now: float, limit: int = 100) -> int:
@@ -129,8 +172,8 @@ class FileStore:
         for entry in due:
             if not self.r.zrem(keys.FILE_EXPIRY, entry):
                 continue  # another replica took it
-            file_id, _, path = entry.decode().partition("|")
-            self.r.delete(keys.file(file_id))  # already expired, unless the clock differs a little
+            file_id, owner, size, path = entry.decode().split("|", 3)
+            self._forget(file_id, owner, int(size))  # the record expired already, unless clocks differ a little
             if self.fs.exists(path):
                 self.fs.rm(path)
             pruned += 1
@@ -181,8 +224,14 @@ class FileStore:
         record = self.get(owner, file_id)
         if self.fs.exists(record["path"]):
             self.fs.rm(record["path"])
+        if self.r.zrem(keys.FILE_EXPIRY, expiry_entry(file_id, owner, int(record["bytes"]), record["path"])):
+            self._forget(file_id, owner, int(record["bytes"]))  # not pruned meanwhile
+
+    def _forget(self, file_id: str, owner: str, size: int) -> None:
+        """A file's record and index entry go, and its owner's usage gives it back."""
         pipe = self.r.pipeline(transaction=True)
         pipe.delete(keys.file(file_id))
         pipe.zrem(keys.owner_files(owner), file_id)
-        pipe.zrem(keys.FILE_EXPIRY, f"{file_id}|{record['path']}")
+        pipe.hincrby(keys.owner_file_usage(owner), "files", -1)
+        pipe.hincrby(keys.owner_file_usage(owner), "bytes", -size)
         pipe.execute()

@@ -110,6 +110,11 @@ FILE_EXPIRY = "ib:file-expiry"
 """Sorted set: uploaded file ids by the time they expire (gateway.files prunes their bytes)."""
 
 
+def owner_file_usage(owner: str) -> str:
+    """Hash: an API key's uploaded files and bytes, for its quota (gateway.files)."""
+    return f"ib:file-usage:{owner}"
+
+
 def owner_files(owner: str) -> str:
     """Sorted set: an API key's files by creation time."""
     return f"ib:files:{owner}"

@@ -459,3 +459,41 @@ def test_files_live_in_any_fsspec_store(redis_url):
     assert [r["id"] for r in store.list("tenant-a", None, None, 10)[0]] == [record["id"]]  # nothing half-written
     store.delete("tenant-a", record["id"])
     assert not store.fs.exists(record["path"]) and store.list("tenant-a", None, None, 10) == ([], False)
+
+
+def test_a_keys_files_and_bytes_are_capped_atomically_and_given_back(redis_url, tmp_path):
+    """No per-key quota on files or bytes: one key could fill the store and Redis."""
+    import io
+    import threading
+
+    from core.connection import redis_client
+    from gateway.errors import APIError
+    from gateway.files import FileStore
+
+    owner = f"quota-{uuid.uuid4().hex[:8]}"
+    store = FileStore(
+        redis_client(redis_url), str(tmp_path / "files"), 1 << 20, max_files_per_key=3, max_bytes_per_key=100
+    )
+    saved, refused = [], []
+
+    def upload(size: int) -> None:
+        try:
+            saved.append(store.save(owner, "a.jsonl", "batch", io.BytesIO(b"x" * size), 3600))
+        except APIError as exc:
+            refused.append(exc.code)
+
+    threads = [threading.Thread(target=upload, args=(10,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert (len(saved), refused) == (3, ["file_quota"] * 5)
+    assert len(list((tmp_path / "files" / owner).iterdir())) == 3  # the refused bytes were not kept
+    store.delete(owner, saved[0]["id"])
+    upload(95)  # a file slot is back, but 20 + 95 bytes is over 100
+    assert refused[-1] == "file_quota" and len(saved) == 3
+    upload(80)
+    assert len(saved) == 4
+    assert store.prune(time.time() + 3601) >= 3  # expired files give their quota back too
+    upload(10)
+    assert len(saved) == 5
