@@ -105,6 +105,7 @@ class ClientSettings(Section):
     fleet_cache_s: float
     fleet_stale_s: float
     result_timeout_s: float = Field(gt=0)
+    lost_check_s: float = Field(gt=0)
 
 
 class CelerySettings(Section):

@@ -13,7 +13,9 @@ sender claims and publishes, the job store answers.
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -28,15 +30,25 @@ from dispatcher.fleet_state import route
 from dispatcher.parts import DispatchParts
 from dispatcher.routing.affinity import Sent
 
+log = logging.getLogger(__name__)
+
 
 class JobHandle:
     """What submit returns: where the job went and why, and how to get its result."""
 
-    def __init__(self, client: Client, job_id: str, selection: Selection | None, streaming: bool | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        job_id: str,
+        selection: Selection | None,
+        streaming: bool | None = None,
+        job: GenerationJob | None = None,
+    ) -> None:
         self.client = client
         self.id = job_id
         self.selection = selection
         self.streaming = streaming  # submitted with stream=True (None: not known here)
+        self.job = job  # as submitted: sent again if its message is lost (Client.resend_if_lost)
 
     @property
     def backend(self) -> str | None:
@@ -47,7 +59,23 @@ class JobHandle:
         return self.selection.path if self.selection else []
 
     def result(self, timeout: float | None = None, raise_on_cancel: bool = False) -> JobResult:
-        return self.client.result(self.id, timeout=timeout, raise_on_cancel=raise_on_cancel)
+        """``Client.result``; while it waits, a job whose message was lost on its way to a
+        worker (dispatcher.batch.lost_lines) is sent again, every ``client.lost_check_s``."""
+        if self.job is None or self.selection is None:
+            return self.client.result(self.id, timeout=timeout, raise_on_cancel=raise_on_cancel)
+        total = self.client.parts.result_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + total
+        every = self.client.parts.lost_check_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return self.client.result(
+                    self.id, timeout=min(every, max(remaining, 0.0)), raise_on_cancel=raise_on_cancel
+                )
+            except JobTimeoutError:
+                if remaining <= every:
+                    raise JobTimeoutError(f"job {self.id} not finished after {total} s", {"job_id": self.id}) from None
+            self.client.resend_if_lost(self.job, self.selection)
 
     def stream(self, timeout: float | None = None) -> Iterator[str]:
         """The answer's text as it is generated, in deltas (the job must be submitted with
@@ -156,7 +184,7 @@ class Client:
             again = dict(zip((j.id for j, _ in changed), self._decide_all([j for j, _ in changed], fresh)))
             self.sender.enqueue([(j, again[j.id]) for j, _ in changed])  # no premise: a send after a read
             pairs = [(j, again.get(j.id, s)) for j, s in pairs]
-        return [JobHandle(self, job.id, sel, job.stream) for job, sel in pairs]
+        return [JobHandle(self, job.id, sel, job.stream, job) for job, sel in pairs]
 
     def _decide_all(self, jobs: list[GenerationJob], fleet: FleetView) -> list[Selection]:
         """Every job's decision, or the first refusal raised."""
@@ -189,6 +217,19 @@ class Client:
         if status == "cancelled" and raise_on_cancel:
             raise JobCancelledError(f"job {job_id} was cancelled", {"result": payload})
         return result_of(status, payload)
+
+    def resend_if_lost(self, job: GenerationJob, selection: Selection) -> bool:
+        """Send ``job`` again if it is still queued and its message is in no queue and no
+        unacked set: a worker killed between the broker's pop and its record took it
+        (dispatcher.batch.lost_lines). A message that was in fact still in a worker's hand
+        is answered once all the same: the job record lets one delivery run it."""
+        record = self.store.get(job.id)
+        queue = record.get("queue")
+        if record.get("status") != "queued" or not queue or not self.parts.lost_jobs.missing({job.id: queue}):
+            return False
+        log.warning("job %s: its message is in no queue and held by no worker: sent again", job.id)
+        self.sender.resend([(job, selection)])
+        return True
 
     def status(self, job_id: str) -> str:
         """queued | running | completed | failed | cancelled | unknown"""

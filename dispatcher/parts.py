@@ -17,6 +17,7 @@ from core.store.batchstore import BatchStore
 from core.store.hints import PrefixHints
 from core.store.jobstore import JobStore
 from dispatcher.batch.api import Batches
+from dispatcher.batch.lost_lines import LostLines
 from dispatcher.fleet_state import FleetState
 from dispatcher.messages import Publisher
 from dispatcher.push_guard import install_guarded
@@ -37,6 +38,8 @@ class DispatchParts:
     sender: Sender  # claims and publishes
     batches: Batches  # offline batches (client.batches)
     result_timeout_s: float  # how long result() waits unless told
+    lost_check_s: float  # how often a waiter looks for a lost message
+    lost_jobs: LostLines  # where a sent message may be (dispatcher.batch.lost_lines)
 
     @classmethod
     def connect(
@@ -78,4 +81,8 @@ class DispatchParts:
             affinity=hints is not None and connection.is_redis_broker(app.conf.broker_url),
         )
         batches = Batches(BatchStore(client), store, registry, tokens)
-        return cls(client, app, registry, store, fleet, router, sender, batches, client_cfg.result_timeout_s)
+        lost = LostLines(client, app, batches.store, steps)
+        return cls(
+            client, app, registry, store, fleet, router, sender, batches, client_cfg.result_timeout_s,
+            client_cfg.lost_check_s, lost,
+        )  # fmt: skip

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import anyio
@@ -20,7 +21,8 @@ import redis.asyncio
 from fastapi import Request
 
 from core.settings import GatewaySettings
-from dispatcher.client import Client
+from core.store import keys
+from dispatcher.client import Client, JobHandle
 from gateway.errors import STORE_FAULTS
 from gateway.files import FileStore
 from gateway.quota import Quota
@@ -49,6 +51,28 @@ class Fleet:
         """Give back the request's slot of its key's limit, in the background; in an
         outage the slot expires at its deadline instead (gateway.quota)."""
         self._later(f"quota release of job {job_id}", self.quota.release, tenant, job_id)
+
+    @contextmanager
+    def resending_if_lost(self, handle: JobHandle) -> Iterator[None]:
+        """While the request waits: every ``client.lost_check_s``, a job still queued whose
+        message was lost on its way to a worker is sent again (Client.resend_if_lost)."""
+        task = asyncio.get_running_loop().create_task(self._resend_if_lost(handle))
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    async def _resend_if_lost(self, handle: JobHandle) -> None:
+        if handle.job is None or handle.selection is None:
+            return
+        every = self.client.parts.lost_check_s
+        while True:
+            await asyncio.sleep(every)
+            try:
+                if await self.aredis.hget(keys.job(handle.id), "status") == b"queued":
+                    await anyio.to_thread.run_sync(self.client.resend_if_lost, handle.job, handle.selection)
+            except STORE_FAULTS as exc:
+                log.warning("job %s: lost-message check skipped: %s", handle.id, type(exc).__name__)
 
     def _later(self, what: str, call: Callable[..., object], *args: str) -> None:
         task = asyncio.get_running_loop().create_task(_off_loop(what, call, *args))

@@ -37,7 +37,6 @@ from core.records import job_error_record
 from core.store.batchstore import FINAL_STATUSES
 from core.store.faults import WAIT_OUT, Episode
 from core.store.keys import FEEDER_LEASE
-from dispatcher.batch.lost_lines import LostLines
 from dispatcher.fleet_state import route
 from dispatcher.routing.affinity import Sent
 
@@ -76,7 +75,7 @@ class BatchFeeder:
         self.stale_s = cfg.validation_stale_s
         self.cancel_grace_s = cfg.cancel_grace_s
         self.lost_check_s = cfg.lost_line_check_s
-        self.lost_lines = LostLines(parts.redis, parts.app, self.store, parts.fleet.steps)
+        self.lost_lines = parts.lost_jobs
         self.active = 0  # active batches the last tick saw
         self._progress: dict[str, tuple[int, float]] = {}  # batch → (lines done, since when)
         self._lease = parts.redis.register_script(_LEASE)

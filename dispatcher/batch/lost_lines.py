@@ -1,4 +1,4 @@
-"""Batch lines whose message was lost between the broker's pop and the worker's record.
+"""Jobs whose message was lost between the broker's pop and the worker's record.
 
 On the Redis broker a worker takes a message with BRPOP, which removes it from the queue,
 and records it (kombu's unacked set, the fleet's in-flight hash) in its next round trip.
@@ -13,6 +13,11 @@ the unacked set, and the feeder decides and sends
 again those found nowhere (dispatcher.batch.feeder). A line sent again that was in fact
 still on its way to a live worker is answered once all the same (the job record lets one
 delivery run it).
+
+An interactive job has no staged input, but its waiter (the Python client's
+``JobHandle.result``, the gateway's request) holds the job: it asks ``missing`` the same
+question every ``client.lost_check_s`` while the job is still queued, and sends it again
+if its message is nowhere (dispatcher.client.Client.resend_if_lost).
 
 RabbitMQ keeps a dead consumer's unacked messages itself: nothing to do there.
 """
@@ -102,13 +107,23 @@ class LostLines:
         }
         if not waiting:
             return []
-        steps = self.steps
+        gone = self.missing(waiting, unacked)
+        return [(line, job_json) for line, job_json in staged if line_job_id(batch_id, line) in gone]
+
+    def missing(self, waiting: dict[str, str], unacked: str | None = None) -> set[str]:
+        """Of these jobs (id → the queue it was sent to), those whose message is in none of
+        its queues (every priority level, and the shared queue an own queue falls back to)
+        and not in the broker's unacked set: lost. Redis broker only (else none)."""
+        if not waiting or not is_redis_broker(self.app.conf.broker_url):
+            return set()
+        if unacked is None:
+            with self.app.connection_for_write() as conn:
+                unacked = conn.default_channel.unacked_key
         queues = {
             name
             for q in waiting.values()
             for base in (q, shared_queue(q))
-            for name in priority_queue_names(base, steps)
+            for name in priority_queue_names(base, self.steps)
         }
         missing = self._missing(keys=[*sorted(queues), unacked], args=[f'"{job_id}"' for job_id in waiting])
-        gone = {m.decode().strip('"') for m in missing}
-        return [(line, job_json) for line, job_json in staged if line_job_id(batch_id, line) in gone]
+        return {m.decode().strip('"') for m in missing}

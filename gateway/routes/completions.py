@@ -97,7 +97,8 @@ async def answer(request: Request, tenant: str, url: str) -> Response:
             headers={**decision_headers(handle), "cache-control": "no-cache"},
         )
     try:
-        result = await wait_or_cancel(request, fleet, handle.id)
+        with fleet.resending_if_lost(handle):
+            result = await wait_or_cancel(request, fleet, handle.id)
     finally:
         fleet.release(tenant, handle.id)
     return JSONResponse(response_body(result, url), headers=decision_headers(handle))
@@ -132,11 +133,12 @@ async def stream_events(fleet: Fleet, tenant: str, handle: JobHandle, chunks: Ch
     ended = False
     deadline = time.monotonic() + fleet.cfg.request_timeout_s
     try:
-        async for event in relay(fleet, handle, chunks, deadline):
-            if event is None:
-                ended = True
-            else:
-                yield event
+        with fleet.resending_if_lost(handle):
+            async for event in relay(fleet, handle, chunks, deadline):
+                if event is None:
+                    ended = True
+                else:
+                    yield event
     finally:
         if not ended:  # the client left (or the deadline passed, or Redis): stop generating for nobody
             fleet.cancel(handle.id)

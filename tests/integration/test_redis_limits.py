@@ -315,3 +315,59 @@ def test_a_batch_line_left_running_by_a_worker_that_is_gone_is_sent_again(redis_
                 feeder.stop()
             os.kill(worker.proc.pid, signal.SIGCONT)
             worker.kill()
+
+
+def test_an_interactive_job_whose_message_was_lost_is_sent_again_by_its_waiter(redis_url, monkeypatch, tmp_path):
+    """A worker killed between the broker's BRPOP and its unacked write takes the message
+    with it; a batch line was found and sent again, an interactive job waited for ever.
+    Now its waiter (JobHandle.result, a gateway request) looks and sends it again."""
+    import os
+    import signal
+
+    from conftest import own_database
+    from dispatcher.client import Client
+
+    monkeypatch.setenv("IB_CLIENT_LOST_CHECK_S", "1")
+    with own_database(redis_url, 6) as url, Client(url) as client:
+        worker = start_worker(url, "llamacpp", extra_args=["--threads=1"])
+        gateway = GatewayProcess(url, env=gateway_env(tmp_path), log_dir=ARTIFACTS / "logs").start()
+
+        def stop_worker() -> None:
+            """SIGSTOP, then wait out its pending BRPOP (kombu's 1 s poll): a message sent
+            now stays in the queue instead of in the stopped worker's socket."""
+            os.kill(worker.proc.pid, signal.SIGSTOP)
+            blocked = lambda: [c for c in client.redis.client_list() if c["db"] == "6" and "b" in c["flags"]]  # noqa: E731
+            wait_for(lambda: not blocked(), 10, "the stopped worker's BRPOP to time out")
+
+        def lose_one() -> None:  # what the dying worker's BRPOP took
+            def queues() -> list[bytes]:
+                return [k for k in client.redis.scan_iter("ib.llamacpp*") if client.redis.type(k) == b"list"]
+
+            wait_for(lambda: queues(), 30, "the message queued")
+            assert next(m for q in queues() if (m := client.redis.rpop(q)) is not None)
+
+        try:
+            stop_worker()
+            handle = client.submit(model=MODEL, prompt="Say hi.", sampling={"max_tokens": 4}, backend="llamacpp")
+            lose_one()
+            os.kill(worker.proc.pid, signal.SIGCONT)
+            assert handle.result(timeout=60).status == "completed"
+            assert client.record(handle.id)["attempts"] == "1"
+
+            stop_worker()
+            ask = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+            with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {KEY}"}) as http:
+                answered: list[httpx.Response] = []
+                t = threading.Thread(
+                    target=lambda: answered.append(http.post(f"{gateway.url}/v1/chat/completions", json=ask))
+                )
+                t.start()
+                lose_one()
+                os.kill(worker.proc.pid, signal.SIGCONT)
+                t.join(timeout=60)
+            assert answered and answered[0].status_code == 200, answered
+            assert "sent again" in gateway.log_path.read_text()
+        finally:
+            os.kill(worker.proc.pid, signal.SIGCONT)
+            gateway.stop()
+            worker.kill()
