@@ -20,6 +20,27 @@ os.environ.setdefault("IB_HEARTBEAT_TTL_S", "4")
 os.environ["IB_MODELS_FILE"] = str(Path(__file__).resolve().parent.parent / "test-artifacts" / "models.yaml")
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+# .ci/run sets it: there a test may not skip for want of a tool; the tool is required.
+IN_CI = os.environ.get("IB_CI") == "1"
+
+
+def unavailable(reason: str, module: bool = False) -> None:
+    """Skip a test whose tool this machine lacks; under CI (IB_CI=1) fail it instead, so
+    CI cannot pass by skipping what it was meant to test."""
+    if IN_CI:
+        pytest.fail(f"required under CI: {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=module)
+
+
+def need_module(name: str) -> object:
+    """``pytest.importorskip``, but a requirement under CI."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        unavailable(f"python module {name} is not installed")
+        raise
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 
-from conftest import start_worker
+from conftest import start_worker, unavailable
 from core import celery_app
 from core.store import keys
 from dispatcher.client import Client
@@ -214,7 +214,7 @@ def test_a_job_through_redis_over_tls(tmp_path, monkeypatch):
 
     server, openssl = shutil.which("redis-server"), shutil.which("openssl")
     if not (server and openssl):
-        pytest.skip("needs redis-server built with TLS (Debian's is) and openssl")
+        unavailable("needs redis-server built with TLS (Debian's is) and openssl")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         [
@@ -301,7 +301,7 @@ def test_a_job_longer_than_rabbitmqs_consumer_timeout_is_not_run_twice(redis_url
     import shutil
 
     if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl is needed to shorten the server's consumer_timeout")
+        unavailable("rabbitmqctl is needed to shorten the server's consumer_timeout")
     _rabbit_env("consumer_timeout", 3000)
     _rabbit_env("channel_tick_interval", 1000)  # for channels opened from now on
     first = second = None

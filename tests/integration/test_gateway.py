@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import ARTIFACTS, start_worker, wait_for
+from conftest import ARTIFACTS, start_worker, unavailable, wait_for
 from core.store import keys
 from ops.local.processes import GatewayProcess
 
@@ -340,8 +340,9 @@ def test_a_client_that_hangs_up_while_its_job_is_still_queued_cancels_it(gateway
     wait_for(lambda: client.store.cancelled({job_id: None}), 10, "the queued job's cancel flag")
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_reads_the_stream_as_server_sent_events(gateway):
+    if shutil.which("curl") is None:
+        unavailable("curl is not installed")
     body = json.dumps({"model": MODEL, "messages": ASK, "max_tokens": 8, "temperature": 0, "stream": True})
     out = subprocess.run(
         ["curl", "-sN", f"{gateway.url}/v1/chat/completions", "-H", f"Authorization: Bearer {KEY_A}",

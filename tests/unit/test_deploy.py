@@ -21,6 +21,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from conftest import need_module
 from ops.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def manifests() -> list[dict]:
 
 
 def test_compose_file_matches_the_compose_specification():
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = need_module("jsonschema")
     schema = json.loads((resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json").read_text())
     jsonschema.validate(compose(), schema)  # raises with the path of the first mismatch
 
@@ -85,7 +86,7 @@ def test_compose_refuses_an_open_redis_and_never_puts_vllm_and_tgi_on_one_gpu():
 
 
 def test_kubernetes_manifests_match_the_kubernetes_schemas():
-    kv = pytest.importorskip("kubernetes_validate")
+    kv = need_module("kubernetes_validate")
     builtin = [d for d in manifests() if d["kind"] not in CRDS]
     assert {d["kind"] for d in builtin} >= {
         "Namespace",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from conftest import need_module, unavailable
 from core.fleet import FleetView, GPUHealth, Health, HealthFacts
 from core.settings import HealthSettings, fleet_config
 from tests.unit.test_decision import job, run, worker
@@ -64,16 +67,20 @@ def test_the_gate_stops_and_restarts_consuming_once_per_change():
 
 
 def test_a_failed_control_call_leaves_the_gate_to_try_again():
-    def refuse(_: str) -> None:
-        raise RuntimeError("no reply")
+    replies = iter([RuntimeError("no reply"), None])
+    cancelled: list[str] = []
 
-    gate = ConsumeGate(refuse, lambda q: None, ["ib.onnx"])
+    def cancel(queue: str) -> None:
+        if (reply := next(replies)) is not None:
+            raise reply
+        cancelled.append(queue)
+
+    gate = ConsumeGate(cancel, lambda q: None, ["ib.onnx"])
     sick = Health(ok=False, reasons=["x"])
-    try:
+    with pytest.raises(RuntimeError, match="no reply"):  # the caller (the beat) sees it fail
         gate.update(sick)
-    except RuntimeError:
-        pass
     assert gate.consuming is True  # not marked stopped: the next beat tries again
+    assert gate.update(sick) is True and cancelled == ["ib.onnx"] and gate.consuming is False
 
 
 def test_an_unhealthy_worker_is_not_live_and_the_path_says_why():
@@ -157,9 +164,8 @@ def test_nvml_reader_reports_each_board_and_the_xid_events_it_saw():
 
 
 def test_the_reader_uses_names_that_nvidia_ml_py_has():
-    import pytest
 
-    pynvml = pytest.importorskip("pynvml")  # nvidia-ml-py: the dev extra installs it (no driver needed)
+    pynvml = need_module("pynvml")  # nvidia-ml-py: the dev extra installs it (no driver needed)
     used = [n for n in dir(FakeNVML) if n.startswith(("nvml", "NVML"))]
     assert [n for n in used if not hasattr(pynvml, n)] == []
     from workers.lifecycle.hardware import NvmlHealthReader
@@ -183,9 +189,7 @@ def test_the_peak_rss_is_the_kernels_high_water_mark_not_a_sample():
 
     before = process_peak_rss_mb()
     if before is None:
-        import pytest
-
-        pytest.skip("no /proc VmHWM on this system")
+        unavailable("no /proc VmHWM on this system")
     # more than the old peak, touched, then freed: a sample taken now would miss it
     blob = bytearray(int(before + 64) * 2**20)
     blob[::4096] = b"x" * len(blob[::4096])
