@@ -2,7 +2,8 @@
 what was lost, doubled, stuck or run twice, and what stayed in Redis afterwards.
 
     python -m bench.chaos [--lines 500] [--interactive 200] [--max-tokens 8] [--outage-s 30]
-                          [--kills 2] [--seed 7] [--threads 1]
+                          [--kills 2] [--oom-s 30] [--gateway-stop-s 20] [--streams 64]
+                          [--seed 7] [--threads 1]
     python -m bench.chaos --soak [--soak-jobs 10000] [--restart-every 1000]
 
 The run (defaults): two llama.cpp workers on the embedded broker (append-only, as `ib up`
@@ -10,15 +11,21 @@ starts it), the heartbeat TTL and everything else at their defaults. A batch of
 ``--lines`` lines is submitted, and ``--interactive`` jobs arrive one by one while it
 runs. At moments drawn from ``--seed`` (within set stretches of the batch's progress): a
 worker's main process is SIGKILLed ``--kills`` times (a replacement starts at once), the
-broker is restarted once, and it is held down for ``--outage-s`` once (longer than the
-15 s heartbeat TTL). Printed, and saved as JSON under bench/results:
+broker is restarted once, it is held down for ``--outage-s`` once (longer than the
+15 s heartbeat TTL), it is full for ``--oom-s`` once (its maxmemory lowered to what it
+holds, under noeviction, and another client taking whatever is freed), and it is
+stopped for ``--gateway-stop-s`` while ``--streams`` streams run through `ib serve`
+(bench.chaos_faults). Printed, and saved as JSON under bench/results:
 
 - lines ok / failed / lost (no record) / doubled (two records, or two outcomes);
   interactive jobs ok / lost (no answer); jobs stuck (not final at the end);
 - engine runs per job (``attempts``); recomputed = runs beyond the first of jobs that no
   killed worker held when it died (those, and only those, must run again);
 - deliveries of jobs that had already finished (answered from the record: no engine work);
-- seconds from the last fault to the batch's end;
+- seconds from the last fault to the batch's end; from memory freed to the batch's next
+  finished line (work resumed);
+- the gateway through its stop: 503s answered (and the slowest), how each stream ended
+  (an error event, not a hang), the event loop's longest stall;
 - Redis keys and ``used_memory`` before the jobs and after their results expired
   (``celery.result_expires_s`` and the batch retention are shortened for the run).
 
@@ -38,6 +45,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -47,16 +55,18 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
+from bench.chaos_faults import Filler, gateway_through_a_stop
 from core.errors import JobError
 from core.records import line_job_id
 from core.store import keys
 from dispatcher.client import Client
 from ops.local.broker import EmbeddedBroker
-from ops.local.processes import WorkerProcess
+from ops.local.processes import GatewayProcess, WorkerProcess
 from ops.subprocesses import free_port
 
 console = Console()
 MODEL = "smollm2-135m"
+GATEWAY_KEY = "chaos-key"
 RESULT_TTL_S = 300  # results expire this long after a job ends (24 h by default)
 HINT_TTL_S = 120  # prefix hints (1 h by default)
 SOAK_RESULT_TTL_S = 60
@@ -111,6 +121,7 @@ def chaos(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     try:
         return run.run()
     finally:
+        run.gateway.stop()
         run.fleet.stop()
         run.broker.stop()
 
@@ -130,6 +141,10 @@ class ChaosRun:
         self.answers: dict[str, str] = {}
         self.waiting = ThreadPoolExecutor(max_workers=64)  # each interactive job's caller, waiting for its answer
         self.answered: dict[str, Future] = {}
+        env = {"IB_API_KEYS": GATEWAY_KEY, "IB_API_KEYS_FILE": str(tmp / "no-keys")}
+        self.gateway = GatewayProcess(self.broker.url, env=env, log_dir=tmp / "logs").start()
+        self.oom: dict[str, Any] = {}
+        self.gateway_fault: dict[str, Any] = {}
 
     def run(self) -> dict[str, Any]:
         args = self.args
@@ -159,6 +174,7 @@ class ChaosRun:
             self.collect_answers()
             result = self.tally(client, batch.id, final)
             result |= {"last_fault_to_batch_end_s": round(batch_end - last_fault, 1), "redis_before": before}
+            result |= {"oom": self.oom, "gateway_stop": self.gateway_fault}
             # After every result and the batch's records have expired.
             purge_in = final.expires_at + 2 - time.time() if final else 0
             wait = max(max(RESULT_TTL_S, HINT_TTL_S) + 5 - (time.monotonic() - batch_end), purge_in, 0)
@@ -191,7 +207,8 @@ class ChaosRun:
                 return 0.0
 
         plan = [("kill", rng.uniform(0.05, 0.2)), ("kill", rng.uniform(0.25, 0.4))][: args.kills]
-        plan += [("restart", rng.uniform(0.45, 0.55)), ("outage", rng.uniform(0.6, 0.7))]
+        plan += [("restart", rng.uniform(0.45, 0.5)), ("outage", rng.uniform(0.55, 0.6))]
+        plan += [("oom", rng.uniform(0.65, 0.7)), ("gateway", rng.uniform(0.75, 0.8))]
         for kind, at in plan:
             while done() < at:
                 time.sleep(0.1)
@@ -199,11 +216,51 @@ class ChaosRun:
             if kind == "kill":
                 self.faults.append((t, f"SIGKILL {self.fleet.kill_one(client.redis, rng)}"))
                 continue
+            if kind == "oom":
+                self.full_redis(client, batch_id, done)
+                self.faults.append((t, f"Redis full {args.oom_s:g} s"))
+                continue
+            if kind == "gateway":
+                self.gateway_stop()
+                self.faults.append((t, f"broker stop {args.gateway_stop_s:g} s under {args.streams} gateway streams"))
+                continue
             self.broker.server.stop()
             if kind == "outage":
                 time.sleep(args.outage_s)
             self.broker = EmbeddedBroker(port=self.port, data_dir=self.data).start(announce=False)
             self.faults.append((t, f"broker {kind}" + (f" {args.outage_s:g} s" if kind == "outage" else "")))
+
+    def full_redis(self, client: Client, batch_id: str, done: Callable[[], float]) -> None:
+        """Redis full for ``--oom-s``: maxmemory lowered to what it holds now (noeviction, as
+        the embedded broker runs), another client keeping it full; then memory is freed
+        and the seconds to the batch's next finished line are the time to resume."""
+        r = client.redis
+        old = r.config_get("maxmemory")["maxmemory"]
+        r.config_set("maxmemory", r.info("memory")["used_memory"] + (8 << 20))
+        try:
+            with Filler(self.broker.url):
+                time.sleep(self.args.oom_s)
+                progress = done()
+        finally:
+            r.config_set("maxmemory", old)
+        freed = time.monotonic()
+        while done() <= progress and time.monotonic() - freed < 120:
+            time.sleep(0.05)
+        self.oom = {"seconds": self.args.oom_s, "freed_to_resumed_s": round(time.monotonic() - freed, 2)}
+
+    def gateway_stop(self) -> None:
+        """The broker stopped for ``--gateway-stop-s`` while ``--streams`` run through `ib serve`."""
+
+        def stop() -> None:
+            self.broker.server.stop()
+
+        def start() -> None:
+            self.broker = EmbeddedBroker(port=self.port, data_dir=self.data).start(announce=False)
+
+        url = self.gateway.url
+        self.gateway_fault = gateway_through_a_stop(
+            url, GATEWAY_KEY, MODEL, stop, start, self.args.streams, self.args.gateway_stop_s
+        )
 
     def await_final(self, client: Client, batch_id: str, started: float) -> Any:
         """The batch once it has ended (None: not within the run's time-out)."""
@@ -258,6 +315,20 @@ class ChaosRun:
             "duplicate_deliveries_waited": fleet.log_count(r"this delivery waits for its outcome"),
             "workers_reaped_alive": fleet.log_count(r"is gone: redelivered") - args.kills,
         }
+
+
+def gateway_rows(g: dict[str, Any]) -> list[tuple[str, str]]:
+    """The gateway's stop, as table rows."""
+    if not g:
+        return [("gateway through a Redis stop", "not run")]
+    return [
+        (
+            f"gateway: requests during the {g['stop_s']:g} s stop → 503 (slowest)",
+            f"{g['answered_503']} of {g['requests_during_stop']} ({g['slowest_503_s']} s); other {g['other_answers']}",
+        ),
+        (f"gateway: {g['streams']} streams ended", f"{g['stream_endings']}; hung {g['streams_hung']}"),
+        ("gateway: event loop's longest stall", f"{g['event_loop_max_stall_s']} s"),
+    ]
 
 
 def short_lived(result_ttl_s: int = RESULT_TTL_S) -> dict[str, str]:
@@ -318,6 +389,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--kills", type=int, default=2)
     p.add_argument("--outage-s", type=float, default=30.0)
+    p.add_argument("--oom-s", type=float, default=30.0, help="how long Redis stays full")
+    p.add_argument("--gateway-stop-s", type=float, default=20.0, help="the Redis stop under the gateway's streams")
+    p.add_argument("--streams", type=int, default=64, help="streams open through `ib serve` during that stop")
     p.add_argument("--window-s", type=int, default=420, help="the batch's completion window (its records expire after)")
     p.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
     p.add_argument("--seed", type=int, default=7)
@@ -356,6 +430,8 @@ def main() -> None:
         ("duplicate deliveries that waited", str(out["duplicate_deliveries_waited"])),
         ("live workers reaped", str(out["workers_reaped_alive"])),
         ("last fault → batch end", f"{out['last_fault_to_batch_end_s']} s"),
+        ("Redis full: memory freed → work resumed", f"{out['oom'].get('freed_to_resumed_s')} s"),
+        *gateway_rows(out["gateway_stop"]),
         ("Redis keys before → after", f"{out['redis_before']['keys']} → {out['redis_after']['keys']}"),
         (
             "Redis used_memory before → after",
