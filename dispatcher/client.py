@@ -61,21 +61,8 @@ class JobHandle:
     def result(self, timeout: float | None = None, raise_on_cancel: bool = False) -> JobResult:
         """``Client.result``; while it waits, a job whose message was lost on its way to a
         worker (dispatcher.batch.lost_lines) is sent again, every ``client.lost_check_s``."""
-        if self.job is None or self.selection is None:
-            return self.client.result(self.id, timeout=timeout, raise_on_cancel=raise_on_cancel)
-        total = self.client.parts.result_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + total
-        every = self.client.parts.lost_check_s
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                return self.client.result(
-                    self.id, timeout=min(every, max(remaining, 0.0)), raise_on_cancel=raise_on_cancel
-                )
-            except JobTimeoutError:
-                if remaining <= every:
-                    raise JobTimeoutError(f"job {self.id} not finished after {total} s", {"job_id": self.id}) from None
-            self.client.resend_if_lost(self.job, self.selection)
+        sent = (self.job, self.selection) if self.job is not None and self.selection is not None else None
+        return self.client.result(self.id, timeout=timeout, raise_on_cancel=raise_on_cancel, sent=sent)
 
     def stream(self, timeout: float | None = None) -> Iterator[str]:
         """The answer's text as it is generated, in deltas (the job must be submitted with
@@ -201,18 +188,34 @@ class Client:
 
     # ------------------------------------------------------------- results
 
-    def result(self, job_id: str, timeout: float | None = None, raise_on_cancel: bool = False) -> JobResult:
+    def result(
+        self,
+        job_id: str,
+        timeout: float | None = None,
+        raise_on_cancel: bool = False,
+        sent: tuple[GenerationJob, Selection] | None = None,
+    ) -> JobResult:
         """Wait for the job; raises its typed JobError if it failed, JobTimeoutError if slow
-        (``timeout`` None: ``client.result_timeout_s``, an hour; ``math.inf``: for ever),
-        UnknownJobError if its record is gone (expired: no outcome will come).
+        (``timeout`` None: ``client.result_timeout_s``, two hours; ``math.inf``: for ever),
+        UnknownJobError if its record is gone (expired: no outcome will come). ``sent``:
+        the job as sent and its decision, to send it again if its message is lost on its
+        way to a worker (checked every ``client.lost_check_s``: ``resend_if_lost``).
 
         A cancelled job returns its partial result (status ``cancelled``), or with
         ``raise_on_cancel`` raises JobCancelledError carrying that result in ``details``."""
         if timeout is None:
             timeout = self.parts.result_timeout_s
-        final = self.store.wait(job_id, timeout=None if math.isinf(timeout) else timeout)
-        if final is None:
-            raise JobTimeoutError(f"job {job_id} not finished after {timeout} s", {"job_id": job_id})
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            wait = min(remaining, self.parts.lost_check_s) if sent is not None else remaining
+            final = self.store.wait(job_id, timeout=None if math.isinf(wait) else max(wait, 0.0))
+            if final is not None:
+                break
+            if time.monotonic() >= deadline:
+                raise JobTimeoutError(f"job {job_id} not finished after {timeout} s", {"job_id": job_id})
+            if sent is not None:
+                self.resend_if_lost(*sent)
         status, payload = final
         if status == "cancelled" and raise_on_cancel:
             raise JobCancelledError(f"job {job_id} was cancelled", {"result": payload})

@@ -38,6 +38,10 @@ class Fleet:
     quota: Quota
     files: FileStore
     batch_staging: anyio.CapacityLimiter  # batch files validated at once (gateway.batch_stagings)
+    # Cancels and quota releases run in threads of their own few: in an outage each holds a
+    # thread for the client's retries, and sixty of them must not take the threads that
+    # new requests need to get their 503.
+    cleanup: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(4))
 
     _pending: set[asyncio.Task] = field(default_factory=set)
 
@@ -70,12 +74,13 @@ class Fleet:
             await asyncio.sleep(every)
             try:
                 if await self.aredis.hget(keys.job(handle.id), "status") == b"queued":
-                    await anyio.to_thread.run_sync(self.client.resend_if_lost, handle.job, handle.selection)
+                    check = self.client.resend_if_lost
+                    await anyio.to_thread.run_sync(check, handle.job, handle.selection, limiter=self.cleanup)
             except STORE_FAULTS as exc:
                 log.warning("job %s: lost-message check skipped: %s", handle.id, type(exc).__name__)
 
     def _later(self, what: str, call: Callable[..., object], *args: str) -> None:
-        task = asyncio.get_running_loop().create_task(_off_loop(what, call, *args))
+        task = asyncio.get_running_loop().create_task(_off_loop(what, self.cleanup, call, *args))
         self._pending.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._pending.discard)
 
@@ -83,14 +88,14 @@ class Fleet:
 CLEANUP_FOR_S = 300.0  # a cancel or release tried this long through a Redis outage
 
 
-async def _off_loop(what: str, call: Callable[..., object], *args: str) -> None:
+async def _off_loop(what: str, limiter: anyio.CapacityLimiter, call: Callable[..., object], *args: str) -> None:
     """``call(*args)`` in a thread, tried again through a Redis outage: a cancel that never
     lands leaves a worker generating for nobody, ahead of the requests that come next."""
     give_up = time.monotonic() + CLEANUP_FOR_S
     pause = 0.5
     while True:
         try:
-            await anyio.to_thread.run_sync(call, *args)
+            await anyio.to_thread.run_sync(call, *args, limiter=limiter)
             return
         except STORE_FAULTS as exc:
             if time.monotonic() > give_up:

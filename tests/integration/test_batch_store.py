@@ -214,7 +214,7 @@ def test_an_interrupted_or_abandoned_validation_fails_the_batch(client, url, mon
 
 
 def test_one_feeder_holds_the_lease_at_a_time(client):
-    a, b = BatchFeeder(client.parts, owner="a"), BatchFeeder(client, owner="b")
+    a, b = BatchFeeder(client.parts, owner="a"), BatchFeeder(client.parts, owner="b")
     assert a.holds_lease() and a.holds_lease()
     assert not b.holds_lease()
     a.run(once=True)  # nothing to do: returns and lets the lease go
@@ -226,7 +226,7 @@ def test_an_idle_feeder_steps_once_a_second_and_one_without_the_lease_asks_for_i
     holder with no active batch steps every feed_idle_interval_s (1 s), one without
     the lease asks for it every quarter lease (2.5 s), and a new batch is still fed
     within the idle interval."""
-    holder, other = BatchFeeder(client.parts, owner="h"), BatchFeeder(client, owner="o")
+    holder, other = BatchFeeder(client.parts, owner="h"), BatchFeeder(client.parts, owner="o")
     steps = {"h": 0, "o": 0}
     for feeder in (holder, other):
 

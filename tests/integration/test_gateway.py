@@ -449,14 +449,14 @@ def test_files_live_in_any_fsspec_store(redis_url):
     from gateway.files import FileStore, FileTooLarge
 
     store = FileStore(redis.Redis.from_url(redis_url), "memory://ib-test-files", max_bytes=64)
-    record = store.save("tenant-a", "../../etc/passwd", "batch", io.BytesIO(b'{"a": 1}\n{"b": 2}\n'))
+    record = store.save("tenant-a", "../../etc/passwd", "batch", io.BytesIO(b'{"a": 1}\n{"b": 2}\n'), 3600)
     assert record["filename"] == "passwd" and record["path"].startswith("/ib-test-files/tenant-a/")
     with store.open(store.get("tenant-a", record["id"])) as fh:  # read as a batch's input is
         assert list(read_lines(fh, 1 << 20)) == [b'{"a": 1}\n', b'{"b": 2}\n']
     with pytest.raises(Exception, match="No such File"):
         store.get("tenant-b", record["id"])
     with pytest.raises(FileTooLarge):
-        store.save("tenant-a", "big.jsonl", "batch", io.BytesIO(b"x" * 65))
+        store.save("tenant-a", "big.jsonl", "batch", io.BytesIO(b"x" * 65), 3600)
     assert [r["id"] for r in store.list("tenant-a", None, None, 10)[0]] == [record["id"]]  # nothing half-written
     store.delete("tenant-a", record["id"])
     assert not store.fs.exists(record["path"]) and store.list("tenant-a", None, None, 10) == ([], False)
