@@ -316,7 +316,8 @@ def test_a_job_longer_than_rabbitmqs_consumer_timeout_is_not_run_twice(redis_url
             result = handle.result(timeout=300)
             assert result.status == "completed" and result.usage.completion_tokens > 0
             answered = lambda: f"job {handle.id} already finished" in first.log_path.read_text()  # noqa: E731
-            wait_for(answered, 60, "the requeued message answered from the record")
+            # Celery reconnects with a growing back-off (2, 4, 6 ... s): the requeued message comes back after it
+            wait_for(answered, 240, "the requeued message answered from the record")
             log = first.log_path.read_text()
             assert "delivery acknowledgement on channel 1 timed out" in log
             assert first.proc.poll() is None and "Unrecoverable error" not in log  # the worker rode it out

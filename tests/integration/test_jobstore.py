@@ -146,3 +146,4 @@ def test_client_result_waits_a_finite_time_unless_told(redis_url):
         done.start()
         with pytest.raises(JobError):
             client.result(job, timeout=math.inf)  # for ever, on request: until it ends
+        done.join()  # its finish call has returned before the client closes
