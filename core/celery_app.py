@@ -111,7 +111,9 @@ def create_app(broker_url: str) -> Celery:
         # A full Redis (OOM) or a read-only replica mid-failover answers the consumer with an
         # error reply, which kombu counts as a channel error: retried as a lost connection
         # would be (reconnect, restore), never "Unrecoverable error" and a dead worker.
-        broker_channel_error_retry=True,
+        # Redis only: RabbitMQ's channel errors (a consumer_timeout) keep Celery's own
+        # handling, whose requeue and redelivery its tests follow.
+        broker_channel_error_retry=connection.is_redis_broker(broker),
         # A broker restart leaves running jobs running: their outcome is written to the
         # job record (which rides out the restart) and a second delivery would find it.
         worker_cancel_long_running_tasks_on_connection_loss=False,
