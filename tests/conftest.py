@@ -192,6 +192,23 @@ def start_worker_with_artifact(tmp_path: Path, redis_url: str, backend: str, fmt
     )
 
 
+def queue_lists(client, prefix: str = "ib.llamacpp") -> list[bytes]:
+    """Every Redis list of a backend's queues: shared and workers' own, every priority level."""
+    return [k for k in client.redis.scan_iter(f"{prefix}*") if client.redis.type(k) == b"list"]
+
+
+def drop_a_message(client, prefix: str = "ib.llamacpp") -> list[str]:
+    """Pop one message off a backend's queues and drop it, as a worker killed between the
+    broker's BRPOP and its unacked write takes one; returns the ids of the jobs it carried."""
+    import json
+
+    from core.celery_app import group_members
+
+    headers = json.loads(next(m for q in queue_lists(client, prefix) if (m := client.redis.rpop(q)) is not None))
+    headers = headers["headers"]
+    return group_members(headers) or [headers["id"]]
+
+
 @contextlib.contextmanager
 def own_database(redis_url: str, index: int):
     """A Redis database of its own beside the suite's (emptied before and after), for

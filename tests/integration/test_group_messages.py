@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from conftest import own_database, start_worker, wait_for
+from conftest import drop_a_message, own_database, queue_lists, start_worker, wait_for
 from core.celery_app import GENERATE_GROUP_TASK, GROUP_HEADER
 from core.errors import InvalidMessageError
 from core.fleet import HardwareInfo, WorkerInfo
@@ -234,12 +234,10 @@ def test_a_batchs_lines_travel_in_groups_and_a_group_lost_with_a_dying_worker_is
             feeder = BatchFeeder(client.parts, "test-feeder")
             feeder.run(once=True)
             # the shared queue's and the worker's own (prefix affinity), every priority level
-            queues = [k for k in client.redis.scan_iter("ib.llamacpp*") if client.redis.type(k) == b"list"]
-            waiting = [json.loads(m) for q in queues for m in client.redis.lrange(q, 0, -1)]
+            waiting = [json.loads(m) for q in queue_lists(client) for m in client.redis.lrange(q, 0, -1)]
             # 4 + 2; the stopped worker's BRPOP, sent before it stopped, may hold one of them
             assert sorted(len(m["headers"][GROUP_HEADER]) for m in waiting) in ([2, 4], [2], [4])
-            taken = next(m for q in queues if (m := client.redis.rpop(q)) is not None)  # and dropped
-            lost = json.loads(taken)["headers"][GROUP_HEADER]
+            lost = drop_a_message(client)
             os.kill(worker.proc.pid, signal.SIGCONT)
             feeder.start()
             final = wait_for(lambda: (b := client.batches.retrieve(batch.id)).is_final and b, 120, "the batch")

@@ -4,7 +4,6 @@ tiny maxmemory), with a real llama.cpp worker, `ib serve` and real HTTP clients.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import redis
 
 from bench.chaos_faults import Filler, LagProbe, stream_chat
-from conftest import ARTIFACTS, start_worker, wait_for
+from conftest import ARTIFACTS, drop_a_message, queue_lists, start_worker, wait_for
 from ops.local.processes import GatewayProcess
 from ops.subprocesses import free_port
 
@@ -226,11 +225,7 @@ def test_a_batch_line_left_running_by_a_worker_that_is_gone_is_sent_again(redis_
             batch = client.batches.create(lines, model=MODEL)
             feeder = BatchFeeder(client.parts, "test-feeder")
             feeder.run(once=True)
-            queues = [k for k in client.redis.scan_iter("ib.llamacpp*") if client.redis.type(k) == b"list"]
-            taken = json.loads(next(m for q in queues if (m := client.redis.rpop(q)) is not None))
-            from core.celery_app import group_members
-
-            lost = group_members(taken["headers"]) or [taken["headers"]["id"]]
+            lost = drop_a_message(client)
             for job_id in lost:  # as a worker that began them, then died, left them
                 client.store.begin(job_id, "llamacpp-gone-for-good")
                 assert client.status(job_id) == "running"
@@ -270,11 +265,8 @@ def test_an_interactive_job_whose_message_was_lost_is_sent_again_by_its_waiter(r
             wait_for(lambda: not blocked(), 10, "the stopped worker's BRPOP to time out")
 
         def lose_one() -> None:  # what the dying worker's BRPOP took
-            def queues() -> list[bytes]:
-                return [k for k in client.redis.scan_iter("ib.llamacpp*") if client.redis.type(k) == b"list"]
-
-            wait_for(lambda: queues(), 30, "the message queued")
-            assert next(m for q in queues() if (m := client.redis.rpop(q)) is not None)
+            wait_for(lambda: queue_lists(client), 30, "the message queued")
+            drop_a_message(client)
 
         try:
             stop_worker()

@@ -17,11 +17,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+
 from core.backends import BackendSpec, SpeculativeConfig
 from core.errors import EngineError, JobTimeoutError, JobValidationError, UnsupportedByBackendError
 from core.jobs import SEED_MAX, GenerationJob, check_context
 from core.registry import ModelSpec
 from workers.engines.decoding import stop_cut
+from workers.engines.prefix_cache import common_prefix_len
 from workers.engines.request import CancelSource, EngineOutput, EngineRequest, never_cancelled
 
 log = logging.getLogger(__name__)
@@ -228,12 +231,7 @@ class Engine(ABC, Generic[SpecT]):
         if not job.public_messages or job.messages is None or job.cache_salt is None:
             return 0
         alone = self.encode(job.model_copy(update={"messages": job.messages[: job.public_messages]}))
-        n = 0
-        for a, b in zip(alone, prompt_ids):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix_len(np.asarray(alone), np.asarray(prompt_ids))
 
     @property
     def vocab_size(self) -> int | None:
