@@ -4,7 +4,7 @@ what was lost, doubled, stuck or run twice, and what stayed in Redis afterwards.
     python -m bench.chaos [--lines 500] [--interactive 200] [--max-tokens 8] [--outage-s 30]
                           [--kills 2] [--oom-s 30] [--gateway-stop-s 20] [--streams 64]
                           [--seed 7] [--threads 1]
-    python -m bench.chaos --soak [--soak-jobs 10000] [--restart-every 1000]
+    python -m bench.chaos --soak [--soak-jobs 10000] [--restart-every 1000] [--soak-files 100]
 
 The run (defaults): two llama.cpp workers on the embedded broker (append-only, as `ib up`
 starts it), the heartbeat TTL and everything else at their defaults. A batch of
@@ -30,8 +30,11 @@ stopped for ``--gateway-stop-s`` while ``--streams`` streams run through `ib ser
   (``celery.result_expires_s`` and the batch retention are shortened for the run).
 
 The soak: ``--soak-jobs`` one-token jobs through two workers, one of them restarted
-(SIGTERM, then a new process) every ``--restart-every`` jobs; Redis keys and memory are
-sampled at each restart: bounded means flat, not growing with the jobs.
+(SIGTERM, then a new process) every ``--restart-every`` jobs, and ``--soak-files`` batch
+input files uploaded through `ib serve` along the way, each expiring after a minute
+(``gateway.min_file_expiry_s`` lowered for it); Redis keys and memory, and the files on
+disk, are sampled at each restart and once the last files have expired: bounded means
+flat, not growing with the jobs or the files.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ GATEWAY_KEY = "chaos-key"
 RESULT_TTL_S = 300  # results expire this long after a job ends (24 h by default)
 HINT_TTL_S = 120  # prefix hints (1 h by default)
 SOAK_RESULT_TTL_S = 60
+SOAK_FILE_EXPIRY_S = 60  # the soak's uploads expire within it
 TOPICS = ["the sea", "a cat", "winter", "bread", "a clock", "the moon", "a river", "chess", "rain", "a lamp"]
 
 
@@ -343,21 +347,74 @@ def short_lived(result_ttl_s: int = RESULT_TTL_S) -> dict[str, str]:
     return env
 
 
+def files_on_disk(root: Path) -> dict[str, int]:
+    """Uploaded files' bytes where the gateway keeps them (its ``files_url``)."""
+    found = [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+    return {"files_on_disk": len(found), "file_bytes_on_disk": sum(p.stat().st_size for p in found)}
+
+
+def upload_files(sdk: Any, count: int, tag: str) -> None:
+    """``count`` batch input files (~20 KB each) uploaded through ``/v1/files``, each expiring
+    after ``--file-expiry-s``: what a user of the Batch API leaves behind."""
+    import io
+
+    for i in range(count):
+        lines = "".join(
+            json.dumps({"custom_id": f"{tag}-{i}-{n}", "method": "POST", "url": "/v1/chat/completions",
+                        "body": {"model": MODEL, "messages": [{"role": "user", "content": f"Line {n} " + "x" * 80}]}})
+            + "\n"
+            for n in range(150)
+        )  # fmt: skip
+        sdk.files.create(
+            file=(f"{tag}-{i}.jsonl", io.BytesIO(lines.encode())),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": SOAK_FILE_EXPIRY_S},
+        )
+
+
 def soak(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Jobs through two workers restarted in turn, and files uploaded through `ib serve`
+    with a short expiry: Redis's keys and memory, and the files' bytes, sampled at each
+    restart and once the last files have expired."""
+    from openai import OpenAI
+
     broker = EmbeddedBroker(port=free_port(), data_dir=tmp / "valkey").start(announce=False)
     env = short_lived(SOAK_RESULT_TTL_S)  # a plateau within the soak: keys live a minute
+    files_root = tmp / "files"
+    gateway_env = {
+        "IB_API_KEYS": GATEWAY_KEY,
+        "IB_API_KEYS_FILE": str(tmp / "no-keys"),
+        "IB_GATEWAY_FILES_URL": str(files_root),
+        "IB_GATEWAY_MIN_FILE_EXPIRY_S": str(SOAK_FILE_EXPIRY_S),  # OpenAI's minimum is an hour
+    }
+    gateway = GatewayProcess(broker.url, env=gateway_env, log_dir=tmp / "logs").start()
+    sdk = OpenAI(base_url=f"{gateway.url}/v1", api_key=GATEWAY_KEY)
     fleet = Fleet(broker.url, env, args.threads, tmp / "logs")
-    samples = []
+    chunks = -(-args.soak_jobs // args.restart_every)
+    per_chunk = -(-args.soak_files // chunks) if args.soak_files else 0
+    samples, uploaded = [], 0
+
+    def sample(client: Client, jobs: int, t0: float) -> dict[str, Any]:
+        s = {"jobs": jobs, "files": uploaded, "s": round(time.monotonic() - t0, 1), **redis_footprint(client.redis),
+             **files_on_disk(files_root)}  # fmt: skip
+        samples.append(s)
+        console.print(f"{jobs} jobs, {uploaded} files: {s['keys']} keys, {s['used_memory'] / 2**20:.1f} MiB, "
+                      f"{s['files_on_disk']} files on disk")  # fmt: skip
+        return s
+
     try:
         for _ in range(2):
             fleet.start()
         for w in fleet.workers:
             w.wait_ready(timeout=300)
         with Client(broker.url) as client:
-            samples.append({"jobs": 0, **redis_footprint(client.redis)})
             t0, sent, lost = time.monotonic(), 0, 0
+            sample(client, 0, t0)
             while sent < args.soak_jobs:
                 chunk = min(args.restart_every, args.soak_jobs - sent)
+                n_files = min(per_chunk, args.soak_files - uploaded)
+                upload_files(sdk, n_files, f"soak{sent}")
+                uploaded += n_files
                 handles = []
                 for start in range(0, chunk, 100):
                     jobs = [{"model": MODEL, "prompt": f"Number {sent + start + i}:", "sampling": {"max_tokens": 1},
@@ -372,12 +429,18 @@ def soak(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 old = fleet.workers.pop(0)
                 old.stop()  # a restart: SIGTERM, then a new process
                 fleet.start().wait_ready(timeout=300)
-                samples.append({"jobs": sent, "s": round(time.monotonic() - t0, 1), **redis_footprint(client.redis)})
-                s = samples[-1]
-                console.print(f"{sent} jobs: {s['keys']} keys, {s['used_memory'] / 2**20:.1f} MiB")
-        return {"samples": samples, "lost": lost}
+                sample(client, sent, t0)
+            # the last files expire, and the gateway's prune (each minute) deletes their bytes
+            deadline = time.monotonic() + SOAK_FILE_EXPIRY_S + 180
+            while time.monotonic() < deadline and (files_on_disk(files_root)["files_on_disk"] or
+                                                   any(client.redis.scan_iter("ib:file:*", count=1000))):  # fmt: skip
+                time.sleep(5)
+            after = sample(client, sent, t0)
+            after["after_expiry"] = True
+        return {"samples": samples, "lost": lost, "files_uploaded": uploaded, "file_expiry_s": SOAK_FILE_EXPIRY_S}
     finally:
         fleet.stop()
+        gateway.stop()
         broker.stop()
 
 
@@ -399,16 +462,19 @@ def main() -> None:
     p.add_argument("--soak", action="store_true")
     p.add_argument("--soak-jobs", type=int, default=10_000)
     p.add_argument("--restart-every", type=int, default=1000)
+    p.add_argument("--soak-files", type=int, default=100, help="files uploaded through `ib serve` during the soak")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="ib-chaos-") as d:
         if args.soak:
             out = soak(args, Path(d))
-            table = Table(title="soak: Redis while jobs flow (a worker restarted at each row)")
-            for col in ("jobs", "keys", "used_memory MiB"):
+            table = Table(title="soak: Redis while jobs and files flow (a worker restarted at each row)")
+            for col in ("jobs", "files uploaded", "keys", "used_memory MiB", "files on disk", "file KiB on disk"):
                 table.add_column(col, justify="right")
             for s in out["samples"]:
-                table.add_row(str(s["jobs"]), str(s["keys"]), f"{s['used_memory'] / 2**20:.1f}")
+                jobs = f"{s['jobs']} (files expired)" if s.get("after_expiry") else str(s["jobs"])
+                table.add_row(jobs, str(s["files"]), str(s["keys"]), f"{s['used_memory'] / 2**20:.1f}",
+                              str(s["files_on_disk"]), f"{s['file_bytes_on_disk'] / 1024:.0f}")  # fmt: skip
             console.print(table)
             console.print(f"lost: {out['lost']}")
             console.print(f"saved {report.save('chaos-soak', args, **out)}")

@@ -94,6 +94,9 @@ class WorkerInfo(BaseModel):
     engine_stats: dict[str, Any] = Field(default_factory=dict)
     health: Health = Field(default_factory=Health)
     metrics_port: int | None = None  # its own /metrics (None: served by `ib up`, or off)
+    # Passes of its reaper so far (as of the last beat): an operator or a test sees that
+    # dead peers are being looked for, not only that nobody was reaped.
+    reaper_passes: int = 0
 
     @property
     def load(self) -> float:

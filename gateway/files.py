@@ -26,7 +26,7 @@ from gateway.errors import APIError
 CHUNK = 1 << 20
 BATCH_FILE = re.compile(r"^file-(batch_[0-9a-f]+)-(output|errors)$")
 PURPOSES = ("batch",)
-MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 86400  # OpenAI's bounds on expires_after
+MAX_EXPIRY_S = 30 * 86400  # OpenAI's upper bound on expires_after (its lower one: gateway.min_file_expiry_s)
 
 
 def files_url(configured: str) -> str:
@@ -48,9 +48,10 @@ def file_object(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def expiry_seconds(anchor: object, seconds: object, default_s: int) -> int:
-    """OpenAI's ``expires_after`` (anchor ``created_at``, 1 hour to 30 days) or the
-    default (``gateway.file_expiry_s``); a 400 naming the field otherwise."""
+def expiry_seconds(anchor: object, seconds: object, default_s: int, min_s: int = 3600) -> int:
+    """OpenAI's ``expires_after`` (anchor ``created_at``, ``min_s``, OpenAI's 1 hour by
+    default, to 30 days) or the default (``gateway.file_expiry_s``); a 400 naming the
+    field otherwise."""
     if anchor is None and seconds is None:
         return default_s
     if anchor != "created_at":
@@ -59,10 +60,10 @@ def expiry_seconds(anchor: object, seconds: object, default_s: int) -> int:
         value = int(str(seconds))
     except ValueError:
         value = -1
-    if not MIN_EXPIRY_S <= value <= MAX_EXPIRY_S:
+    if not min_s <= value <= MAX_EXPIRY_S:
         raise APIError(
             400,
-            f"expires_after[seconds] must be between {MIN_EXPIRY_S} and {MAX_EXPIRY_S}",
+            f"expires_after[seconds] must be between {min_s} and {MAX_EXPIRY_S}",
             "invalid_expires_after",
             "expires_after",
         )

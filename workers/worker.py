@@ -283,6 +283,7 @@ class Worker:
         reaper.reap(
             self.redis, self.app, self.worker_id, untracked_after_s, grace_s=ttl, link_up_s=self.beat.link_up_s()
         )
+        self.beat.info.reaper_passes += 1  # published with the next beat
 
     def _on_beat(self) -> None:
         # its own queue's depth: the autoscaler counts it (KEDA's list scaler cannot, the

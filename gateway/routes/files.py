@@ -26,7 +26,10 @@ async def upload(request: Request, tenant: str = Depends(authenticate)) -> dict[
     async with request.form(max_files=1, max_fields=8) as form:
         upload, purpose = form.get("file"), form.get("purpose")
         expires_s = expiry_seconds(
-            form.get("expires_after[anchor]"), form.get("expires_after[seconds]"), fleet.cfg.file_expiry_s
+            form.get("expires_after[anchor]"),
+            form.get("expires_after[seconds]"),
+            fleet.cfg.file_expiry_s,
+            fleet.cfg.min_file_expiry_s,
         )
         if not isinstance(upload, UploadFile):
             raise APIError(400, "multipart field 'file' is missing", "missing_file", "file")

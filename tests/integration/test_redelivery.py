@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -93,6 +94,12 @@ def test_a_message_taken_but_never_recorded_is_put_back(client, redis_url):
         worker.stop()
 
 
+def reaper_passes(r, worker_id: str) -> int:
+    """The worker's reaper passes, as its last beat published them (0 with no beat)."""
+    beat = r.get(keys.worker(worker_id))
+    return 0 if beat is None else json.loads(beat)["reaper_passes"]
+
+
 def test_a_broker_outage_longer_than_the_heartbeat_ttl_reaps_no_live_worker(tmp_path):
     """Every heartbeat key expires during an outage longer than the TTL. The worker that
     comes back first must not reap a live peer that is a second slower (here: frozen with
@@ -121,9 +128,17 @@ def test_a_broker_outage_longer_than_the_heartbeat_ttl_reaps_no_live_worker(tmp_
             time.sleep(2 * ttl)  # every heartbeat key has expired when the broker returns
             broker = EmbeddedBroker(port=port, data_dir=data).start(announce=False)
             wait_for(lambda: client.redis.exists(keys.worker(fast.worker_id)), 30, "the fast worker to beat again")
-            time.sleep(1.0)  # the slow one is still silent: the fast one would reap it now
+            passes = reaper_passes(client.redis, fast.worker_id)
+            # the slow one is still silent through a pass of the fast one's reaper (its grace
+            # is a TTL: the slow one has about 3 s to beat again once it is woken)
+            wait_for(lambda: reaper_passes(client.redis, fast.worker_id) > passes, 10, "a reaper pass")
+            assert not client.redis.exists(keys.worker(slow.worker_id))
             os.kill(slow.proc.pid, signal.SIGCONT)
-            time.sleep(3 * ttl)
+            wait_for(lambda: client.redis.exists(keys.worker(slow.worker_id)), 30, "the slow worker to beat again")
+            # past the grace (a TTL of broker uptime), where a silent worker would be judged dead
+            wait_for(lambda: client.redis.info("server")["uptime_in_seconds"] >= 2 * ttl, 30, "the broker up 2 TTLs")
+            passes = reaper_passes(client.redis, fast.worker_id)
+            wait_for(lambda: reaper_passes(client.redis, fast.worker_id) >= passes + 2, 10, "two more reaper passes")
             members = {m.decode() for m in client.redis.smembers(keys.WORKERS)}
             assert {fast.worker_id, slow.worker_id} <= members
             assert PrefixHints(client.redis).lookup(["block-a"]) == {slow.worker_id: 1}

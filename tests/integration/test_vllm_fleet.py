@@ -146,6 +146,28 @@ def test_vllms_own_structured_outputs_sampling_extensions_and_logprobs_serve_the
     assert e.echo_text
 
 
+def test_a_salted_prompt_reuses_the_cache_of_its_own_salt_only(client, vllm_worker):
+    """vLLM's prefix cache serves a prompt again to the same tenant (``cache_salt``) and to
+    no other: the salt enters the first block's hash (core.tenancy, workers.engines.vllm)."""
+    import uuid
+
+    text = f"Document {uuid.uuid4().hex}: " + " ".join(f"Paragraph {i} is about the sea and ships." for i in range(60))
+
+    def cached(salt: str | None) -> tuple[int, int]:
+        job = vllm_job(text + " Summarise it.", 1)
+        if salt is not None:
+            job["cache_salt"] = salt
+        usage = client.submit(job).result(timeout=180).usage
+        return usage.cached_tokens, usage.prompt_tokens
+
+    first, prompt_tokens = cached("tenant-a")
+    assert prompt_tokens > 300 and first == 0
+    again, _ = cached("tenant-a")
+    assert again > prompt_tokens // 2  # its own salt: the blocks are reused
+    assert cached("tenant-b") == (0, prompt_tokens)  # another salt: nothing reused
+    assert cached(None) == (0, prompt_tokens)  # unsalted is a tenant of its own too
+
+
 def test_a_worker_killed_mid_batch_loses_no_job(client, redis_url, vllm_worker):
     handles = client.submit_many(
         vllm_job(f"Tell a long story about a dragon named {n}.", 400)

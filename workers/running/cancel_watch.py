@@ -63,6 +63,7 @@ class CancelWatcher:
         self._flagged: set[str] = set()
         self._new_since_poll = False
         self._polled_at = 0.0
+        self.wakeups = 0  # passes of the loop (an announcement, a timeout): what tests wait on
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # notified when a job is watched, or on stop
         self._stop = threading.Event()
@@ -131,6 +132,7 @@ class CancelWatcher:
                 break
             must_read = self._wait()
             with self._lock:
+                self.wakeups += 1
                 if not self._watched or self._stop.is_set():
                     continue
                 due = must_read or self._new_since_poll or time.monotonic() - self._polled_at >= self.full_every_s
