@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-peers bench-inprocess bench-contention bench-ttft bench-chaos bench-profiles bench-structured bench-guidellm clean
+.PHONY: install demo test lint unit integration bench bench-cpu bench-batching bench-batch bench-prefix bench-speculative bench-gateway bench-peers bench-inprocess bench-contention bench-ttft bench-chaos bench-capacity bench-profiles bench-structured bench-guidellm clean
 
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ demo: install
 	$(VENV)/bin/ib demo
 
 test: install
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=30
 
 # The house rules: import contracts (layers, no cycles; pyproject.toml) and ruff. CI runs
 # this before the tests.
@@ -96,6 +96,11 @@ bench-ttft: install
 # jobs: lost / doubled / stuck / recomputed, Redis before and after. `--soak` for the soak.
 bench-chaos: install
 	$(PY) -m bench.chaos
+
+# One Redis's ceiling: jobs/s, Redis commands and CPU per job, fleet-path latency, as
+# simulated workers (bench.sim_engine: sleeps for compute) and clients grow.
+bench-capacity: install
+	$(PY) -m bench.capacity
 
 # The seed's profile table: each CPU backend started here in turn, measured, written to
 # config/profiles.json and docs/BENCHMARKS.md (GPU rows measured elsewhere are kept).

@@ -89,18 +89,37 @@ local files = tonumber(redis.call('HGET', KEYS[4], 'files') or '0')
 local used = tonumber(redis.call('HGET', KEYS[4], 'bytes') or '0')
 if files + 1 > tonumber(ARGV[6]) then return 0 end
 if used + tonumber(ARGV[5]) > tonumber(ARGV[7]) then return -1 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 8))
+redis.call('HSET', KEYS[1], unpack(ARGV, 9))
 redis.call('EXPIREAT', KEYS[1], ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
 redis.call('HINCRBY', KEYS[4], 'files', 1)
 redis.call('HINCRBY', KEYS[4], 'bytes', ARGV[5])
-for i = 2, 4, 2 do  -- the index and the usage go with the owner's last file
-  redis.call('EXPIREAT', KEYS[i], ARGV[3] + 1, 'GT')
-  redis.call('EXPIREAT', KEYS[i], ARGV[3] + 1, 'NX')
+-- the index goes with the owner's last file; the usage a while after (USAGE_OUTLIVES_S),
+-- so the prune that gives each file's share back still finds it
+for i = 2, 4, 2 do
+  local at = ARGV[3] + (i == 4 and tonumber(ARGV[8]) or 1)
+  redis.call('EXPIREAT', KEYS[i], at, 'GT')
+  redis.call('EXPIREAT', KEYS[i], at, 'NX')
 end
 return 1
 """
+
+# A file's record, index entry and share of its owner's usage go together. A usage hash
+# that has ended already (every file of the owner expired, and no gateway pruned for
+# USAGE_OUTLIVES_S) is not written again: HINCRBY would make it anew, negative and
+# without an expiry, and the negative count would be extra quota.
+_FORGET = """
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local files = redis.call('HINCRBY', KEYS[3], 'files', -1)
+  redis.call('HINCRBY', KEYS[3], 'bytes', -tonumber(ARGV[2]))
+  if files <= 0 then redis.call('DEL', KEYS[3]) end
+end
+return 1
+"""
+USAGE_OUTLIVES_S = 86400  # how long a key's usage outlives its last file's expiry, for the prune to give it back
 
 
 def expiry_entry(file_id: str, owner: str, size: int, path: str) -> str:
@@ -120,6 +139,7 @@ class FileStore:
         self.max_files_per_key = max_files_per_key or 2**62
         self.max_bytes_per_key = max_bytes_per_key or 2**62
         self._save = client.register_script(_SAVE)
+        self._forget_script = client.register_script(_FORGET)
 
     def save(self, owner: str, filename: str, purpose: str, src: IO[bytes], expires_s: int) -> dict[str, Any]:
         """Copy an upload into the store a chunk at a time, then record it; it is deleted
@@ -155,8 +175,17 @@ class FileStore:
         entry = expiry_entry(file_id, owner, size, path)
         saved = self._save(
             keys=[keys.file(file_id), keys.owner_files(owner), keys.FILE_EXPIRY, keys.owner_file_usage(owner)],
-            args=[file_id, created, record["expires_at"], entry, size, self.max_files_per_key, self.max_bytes_per_key]
-            + [x for k, v in record.items() for x in (k, v)],
+            args=[
+                file_id,
+                created,
+                record["expires_at"],
+                entry,
+                size,
+                self.max_files_per_key,
+                self.max_bytes_per_key,
+                USAGE_OUTLIVES_S,
+            ]
+            + [x for k, v in record.items() for x in (k, v)],  # fmt: skip
         )
         if saved != 1:
             self.fs.rm(path)
@@ -230,9 +259,6 @@ class FileStore:
 
     def _forget(self, file_id: str, owner: str, size: int) -> None:
         """A file's record and index entry go, and its owner's usage gives it back."""
-        pipe = self.r.pipeline(transaction=True)
-        pipe.delete(keys.file(file_id))
-        pipe.zrem(keys.owner_files(owner), file_id)
-        pipe.hincrby(keys.owner_file_usage(owner), "files", -1)
-        pipe.hincrby(keys.owner_file_usage(owner), "bytes", -size)
-        pipe.execute()
+        self._forget_script(
+            keys=[keys.file(file_id), keys.owner_files(owner), keys.owner_file_usage(owner)], args=[file_id, size]
+        )

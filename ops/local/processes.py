@@ -24,6 +24,10 @@ from ops.subprocesses import free_port, spawn_logged, terminate, wait_http
 
 
 class WorkerProcess:
+    # what `python -m` runs with the `ib worker` arguments (a benchmark's own entry point,
+    # bench.sim_worker, injects a simulated engine)
+    module = "ops.cli"
+
     def __init__(
         self,
         backend: str,
@@ -41,7 +45,7 @@ class WorkerProcess:
         self.args = [
             sys.executable,
             "-m",
-            "ops.cli",
+            self.module,
             "worker",
             f"--backend={backend}",
             f"--model={model}",

@@ -439,6 +439,36 @@ def test_two_replicas_share_everything_through_redis_and_the_file_store(redis_ur
         assert uploaded.id in [f.id for f in two.files.list()]
 
 
+def test_a_keys_usage_ends_after_its_files_and_is_never_made_anew_negative(redis_url, tmp_path):
+    """The usage hash expired with the owner's last file; the prune that came after it
+    wrote it again with negative counts and no expiry: a key with no end, worth extra quota."""
+    import io
+
+    from core.connection import redis_client
+    from gateway.errors import APIError
+    from gateway.files import USAGE_OUTLIVES_S, FileStore
+
+    owner, r = f"usage-{uuid.uuid4().hex[:8]}", redis_client(redis_url)
+    store = FileStore(r, str(tmp_path / "files"), 1 << 20, max_files_per_key=2, max_bytes_per_key=100)
+
+    def upload() -> dict:
+        return store.save(owner, "a.jsonl", "batch", io.BytesIO(b"x" * 10), 3600)
+
+    first, _ = upload(), upload()
+    usage = keys.owner_file_usage(owner)
+    assert 3600 + USAGE_OUTLIVES_S - 10 < r.ttl(usage) <= 3600 + USAGE_OUTLIVES_S + 1  # outlives the prune
+    store.delete(owner, first["id"])
+    assert r.hgetall(usage) == {b"files": b"1", b"bytes": b"10"}
+    r.delete(usage)  # as if it had ended: no gateway pruned for a day after the last expiry
+    assert store.prune(time.time() + 3601) == 1
+    assert not r.exists(usage)  # not made anew, negative and without an expiry
+    upload(), upload()
+    with pytest.raises(APIError):  # the quota is whole: no negative count lends a third file
+        upload()
+    assert store.prune(time.time() + 3601) == 2
+    assert not r.exists(usage)  # the last file's share given back: the usage goes with it
+
+
 def test_files_live_in_any_fsspec_store(redis_url):
     """The file store is fsspec all the way: here its in-memory filesystem, as s3:// would be."""
     import io

@@ -94,6 +94,12 @@ def test_a_message_taken_but_never_recorded_is_put_back(client, redis_url):
         worker.stop()
 
 
+def aof_rewritten(r) -> bool:
+    """No append-only file rewrite running or waiting: the hints are on disk."""
+    info = r.info("persistence")
+    return not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
+
+
 def reaper_passes(r, worker_id: str) -> int:
     """The worker's reaper passes, as its last beat published them (0 with no beat)."""
     beat = r.get(keys.worker(worker_id))
@@ -122,7 +128,7 @@ def test_a_broker_outage_longer_than_the_heartbeat_ttl_reaps_no_live_worker(tmp_
         with Client(broker.url, resilient=True) as client:
             PrefixHints(client.redis).record(slow.worker_id, ["block-a", "block-b"])
             client.redis.execute_command("BGREWRITEAOF")
-            time.sleep(0.5)
+            wait_for(lambda: aof_rewritten(client.redis), 10, "the append-only file rewritten")
             os.kill(slow.proc.pid, signal.SIGSTOP)
             broker.server.stop()
             time.sleep(2 * ttl)  # every heartbeat key has expired when the broker returns
