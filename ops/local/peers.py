@@ -94,6 +94,9 @@ class VllmOpenAIServer:
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir)]
         args += ["--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port)]
         args += ["--max-model-len", str(self.max_model_len), "--dtype", "float32"]
+        # eager, as the fleet's own vLLM worker runs on a CPU (workers.engines.vllm): the
+        # torch.compile warm-up took 2 of the server's 3 minutes of start-up here
+        args += ["--enforce-eager"]
         self.proc = spawn_logged(args, self.log_path, env=env, start_new_session=True)
         wait_http(self.proc, f"{self.url}/v1/models", "vllm's OpenAI server", self.log_path, timeout)
         return self

@@ -4,8 +4,10 @@ tiny maxmemory), with a real llama.cpp worker, `ib serve` and real HTTP clients.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -84,7 +86,9 @@ def test_the_gateway_through_a_20_s_redis_stop_with_32_open_streams(tmp_path):
             wait_for(lambda: http.get(f"{gateway.url}/health/ready").status_code == 200, 30, "ready again")
             answer = http.post(f"{gateway.url}/v1/chat/completions", json=ask)
             assert answer.status_code == 200, answer.text
-        assert probe.worst < 1.0, f"the event loop stalled {probe.worst:.2f} s"
+        # a Redis call on the loop would hold it for its retries (gateway.redis_wait_s, 5 s);
+        # a second or so is what two loaded cores give a probe (1.07 s seen once)
+        assert probe.worst < 2.5, f"the event loop stalled {probe.worst:.2f} s"
         assert probe.failures == 0  # /health/live stayed 200 throughout
         log = gateway.log_path.read_text()
         assert "Traceback" not in log
@@ -180,10 +184,13 @@ def test_a_read_only_replica_mid_failover_is_waited_out(tmp_path):
             o.replicaof("127.0.0.1", primary.port)
             results = [h.result(timeout=180) for h in handles]
             assert [r.status for r in results] == ["completed"] * 6
-            assert all(client.record(h.id)["attempts"] == "1" for h in handles)
             assert worker.proc.poll() is None
         log = worker.log_path.read_text()
         assert "read-only replica" in log and "Unrecoverable error" not in log
+        # each ran once: the log, not the record's attempts (replication is asynchronous, so
+        # a begin written just before the failover may be gone from the promoted copy)
+        starts = Counter(re.findall(r"job ([0-9a-f]{32}): model=", log))
+        assert starts == {h.id: 1 for h in handles}
     finally:
         worker.kill()
         primary.stop()
