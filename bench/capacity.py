@@ -20,7 +20,8 @@ job or a batch line):
 - the commands that take the most, per unit;
 - fleet-path latency p50 / p99 (interactive): a job's time from submit to its result
   back in the client, less its time in the engine (the simulated compute);
-- Redis's peak used_memory above the idle fleet's, per unit in flight.
+- Redis's peak used_memory above the idle fleet's, per unit in flight (finished results
+  kept for their TTL included: an upper bound, not one job's cost).
 
 The machine's own cores run the workers, the clients and Redis together: a ceiling
 found here is this machine's, and Redis's share of it is its CPU seconds per unit.
@@ -239,7 +240,7 @@ def cell(m: dict[str, float] | None, fmt: str = "{:.1f}") -> str:
 def show(points: list[dict[str, Any]]) -> None:
     table = Table(title="capacity: simulated workers on one embedded Valkey (median of rounds, [min-max])")
     for col in ("work", "workers", "clients", "per s", "cmds/unit", "Redis CPU s /1k", "idle cmds/s",
-                "fleet path p50 ms", "p99 ms", "B/unit in flight"):  # fmt: skip
+                "fleet path p50 ms", "p99 ms", "peak mem B/in flight"):  # fmt: skip
         table.add_column(col, justify="right")
     for pt in points:
         table.add_row(
