@@ -354,8 +354,8 @@ def files_on_disk(root: Path) -> dict[str, int]:
 
 
 def upload_files(sdk: Any, count: int, tag: str) -> None:
-    """``count`` batch input files (~20 KB each) uploaded through ``/v1/files``, each expiring
-    after ``--file-expiry-s``: what a user of the Batch API leaves behind."""
+    """``count`` batch input files (150 lines, ~37 KB each) uploaded through ``/v1/files``,
+    each expiring after ``SOAK_FILE_EXPIRY_S``: what a user of the Batch API leaves behind."""
     import io
 
     for i in range(count):

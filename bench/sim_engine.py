@@ -42,7 +42,6 @@ class SimulatedEngine(Engine[BackendSpec]):
         self.token_s = _env_float("IB_SIM_TOKEN_S", 0.01)
         self._capacity = int(_env_float("IB_SIM_CAPACITY", 8))
         self._waiting: deque[EngineRequest] = deque()
-        self._running: list[EngineRequest] = []  # the batch (the scheduler thread's; read under _work)
         self._work = threading.Condition()
         self._stop = False
         self.steps = 0
@@ -79,10 +78,11 @@ class SimulatedEngine(Engine[BackendSpec]):
             self._work.notify_all()
 
     def _run(self) -> None:
-        running = self._running = []
+        running: list[EngineRequest] = []  # the batch: this thread's alone
         while True:
             with self._work:
-                self._work.wait_for(lambda: self._stop or self._waiting or self._running)
+                while not (self._stop or self._waiting or running):
+                    self._work.wait()
                 if self._stop:
                     fail_requests(running + list(self._waiting), RuntimeError("engine closed"))
                     return
@@ -91,18 +91,19 @@ class SimulatedEngine(Engine[BackendSpec]):
                     admitted.append(self._waiting.popleft())
             if admitted:
                 time.sleep(self.prefill_s)  # one prefill for what was admitted together
-                running = self._running = running + admitted
+                running += admitted
             time.sleep(self.token_s)
             self.steps += 1
-            running = self._running = self.drop_cancelled(running)
+            running = self.drop_cancelled(running)
             for r in running:
                 r.tokens.append(len(r.tokens))
                 if r.first_token_at is None:
                     r.first_token_at = time.time()
                 if r.on_text is not None:
-                    r.on_text(WORDS[r.tokens[-1] % len(WORDS)])
-                    r.streamed += len(WORDS[r.tokens[-1] % len(WORDS)])
+                    word = self.decode(r.tokens[-1:])
+                    r.on_text(word)
+                    r.streamed += len(word)
                 if len(r.tokens) >= r.sampling.max_tokens or r.aborted:
                     r.finish_reason = "cancelled" if r.aborted else "length"
                     self.deliver(r)
-            running = self._running = [r for r in running if not r.future.done()]
+            running = [r for r in running if not r.future.done()]

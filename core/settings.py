@@ -185,7 +185,7 @@ class GatewaySettings(Section):
     request_timeout_s: float
     retry_after_s: int
     redis_wait_s: float
-    file_expiry_s: int = Field(ge=1)
+    file_expiry_s: int = Field(ge=3600)
     min_file_expiry_s: int = Field(ge=1)
     max_files_per_key: int = Field(ge=0)
     max_file_bytes_per_key: int = Field(ge=0)

@@ -95,10 +95,9 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
 redis.call('HINCRBY', KEYS[4], 'files', 1)
 redis.call('HINCRBY', KEYS[4], 'bytes', ARGV[5])
--- the index goes with the owner's last file; the usage a while after (USAGE_OUTLIVES_S),
--- so the prune that gives each file's share back still finds it
-for i = 2, 4, 2 do
-  local at = ARGV[3] + (i == 4 and tonumber(ARGV[8]) or 1)
+-- the index goes with the owner's last file; the usage a while after (ARGV[8],
+-- USAGE_OUTLIVES_S), so the prune that gives each file's share back still finds it
+for i, at in pairs({[2] = ARGV[3] + 1, [4] = ARGV[3] + tonumber(ARGV[8])}) do
   redis.call('EXPIREAT', KEYS[i], at, 'GT')
   redis.call('EXPIREAT', KEYS[i], at, 'NX')
 end
@@ -185,7 +184,7 @@ class FileStore:
                 self.max_bytes_per_key,
                 USAGE_OUTLIVES_S,
             ]
-            + [x for k, v in record.items() for x in (k, v)],  # fmt: skip
+            + [x for k, v in record.items() for x in (k, v)],
         )
         if saved != 1:
             self.fs.rm(path)

@@ -293,10 +293,11 @@ def _rabbit_env(name: str, value: int) -> None:
 def test_a_job_longer_than_rabbitmqs_consumer_timeout_is_not_run_twice(redis_url, amqp_env):
     """RabbitMQ closes the channel of a delivery unacked past its consumer_timeout and
     requeues the message while the job still runs (acks late). Cut to 3 s here (the server
-    checking every second), a job of 900 tokens (~8 s on one thread) crosses it. Celery takes the closed channel for an
-    unrecoverable error and stops the worker once its running job is done: the job
-    finishes and is recorded once, and the requeued message, taken by the next worker, is
-    answered from the record without running the engine again. Hence
+    checking every second), a job of 900 tokens (~8 s on one thread) crosses it. Celery
+    takes the closed channel for an unrecoverable error and stops the worker once its
+    running job is done: the job finishes and is recorded once, and the requeued message,
+    taken by the next worker, is answered from the record without running the engine
+    again. Hence
     deploy/rabbitmq/rabbitmq.conf keeps the real timeout above the job time limit."""
     import shutil
 
